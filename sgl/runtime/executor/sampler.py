@@ -1,0 +1,130 @@
+"""Sampler: logits rows -> next token ids (+ logprobs), one vectorized pass per batch.
+
+Order per row: penalties -> grammar mask -> min-token ban -> (greedy | temperature,
+top-k, top-p, min-p, sample). Logprobs reported to users come from the model's raw
+distribution (log-softmax of the unprocessed logits), like SGLang and the OpenAI API.
+Rows with a seed sample from their own generator so a seeded request is reproducible
+whatever batch it lands in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl.runtime.request import SamplingParams
+
+
+@dataclass
+class SampleRow:
+    params: SamplingParams
+    output_ids: list[int]
+    prompt_ids: list[int]
+    generator: torch.Generator | None
+    mask: torch.Tensor | None = None  # bool [V], grammar's allowed tokens
+    banned: list[int] | None = None  # tokens forbidden now (eos/stop ids before min_new_tokens)
+    top_logprobs_num: int = 0
+    want_logprob: bool = False
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[float, int]] | None]
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    for i, r in enumerate(rows):
+        p = r.params
+        if p.frequency_penalty == 0 and p.presence_penalty == 0 and p.repetition_penalty == 1:
+            continue
+        row = logits[i]
+        if r.output_ids and (p.frequency_penalty != 0 or p.presence_penalty != 0):
+            ids = torch.tensor(r.output_ids, dtype=torch.int64)
+            counts = torch.bincount(ids, minlength=row.shape[0]).to(row.dtype)[: row.shape[0]]
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        if p.repetition_penalty != 1:
+            seen = torch.tensor(sorted(set(r.prompt_ids) | set(r.output_ids)), dtype=torch.int64)
+            if seen.numel():
+                vals = row[seen]
+                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+
+
+def _top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    vals, ids = torch.topk(logprobs, k)
+    return [(float(v), int(t)) for v, t in zip(vals.tolist(), ids.tolist())]
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
+    """logits: float32 [len(rows), V] (modified in place)."""
+    n, vocab = logits.shape
+    need_lp = [i for i, r in enumerate(rows) if r.want_logprob]
+    raw_lp = torch.log_softmax(logits[need_lp], dim=-1) if need_lp else None
+
+    _apply_penalties(logits, rows)
+    for i, r in enumerate(rows):
+        if r.mask is not None:
+            logits[i].masked_fill_(~r.mask[:vocab], float("-inf"))
+        if r.banned:
+            banned = [t for t in r.banned if t < vocab]
+            saved = logits[i, banned].clone()
+            logits[i, banned] = float("-inf")
+            if bool(torch.isneginf(logits[i]).all()):  # the grammar allows only these: keep them
+                logits[i, banned] = saved
+
+    out = torch.argmax(logits, dim=-1)
+    sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if sampled:
+        idx = torch.tensor(sampled)
+        sub = logits[idx]
+        temps = torch.tensor([rows[i].params.temperature for i in sampled], dtype=sub.dtype).unsqueeze(1)
+        sub = sub / temps
+        _filter_top_k_p_min_p(sub, [rows[i].params for i in sampled])
+        probs = torch.softmax(sub, dim=-1)
+        for j, i in enumerate(sampled):
+            out[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+
+    ids = out.tolist()
+    lps: list[float | None] = [None] * n
+    tops: list[list[tuple[float, int]] | None] = [None] * n
+    if raw_lp is not None:
+        for j, i in enumerate(need_lp):
+            lps[i] = float(raw_lp[j, ids[i]])
+            if rows[i].top_logprobs_num > 0:
+                tops[i] = _top_logprobs(raw_lp[j], rows[i].top_logprobs_num)
+    return SampleResult(token_ids=ids, logprobs=lps, top_logprobs=tops)
+
+
+def _filter_top_k_p_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+    """Set filtered-out entries to -inf, vectorized over rows (one sort)."""
+    if all(p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0 for p in params):
+        return
+    vocab = logits.shape[1]
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).unsqueeze(1)
+    drop = ranks >= top_k
+    probs = torch.softmax(sorted_logits, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype).unsqueeze(1)
+    cum_before = torch.cumsum(probs, dim=-1) - probs
+    drop |= cum_before > top_p  # keep the smallest prefix whose mass reaches top_p
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype).unsqueeze(1)
+    drop |= probs < min_p * probs[:, :1]
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    logits.scatter_(1, sorted_idx, sorted_logits)
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, next_ids: list[int], top_k: int
+) -> tuple[list[float], list[list[tuple[float, int]] | None]]:
+    """Logprob of next_ids[i] under logits row i (raw distribution), plus top-k lists."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    idx = torch.tensor(next_ids, dtype=torch.int64)
+    picked = lp.gather(1, idx.unsqueeze(1)).squeeze(1).tolist()
+    tops: list[list[tuple[float, int]] | None] = [None] * len(next_ids)
+    if top_k > 0:
+        vals, ids = torch.topk(lp, top_k, dim=-1)
+        tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]
+    return picked, tops

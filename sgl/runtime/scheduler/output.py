@@ -1,0 +1,147 @@
+"""Output processing: append a sampled token, advance the grammar, detokenize, check
+stop conditions, jump forward over grammar-forced strings, and build meta_info.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from sgl.runtime.scheduler.req import Req, ReqOutput
+
+REPLACEMENT = "\ufffd"  # a partial UTF-8 sequence decodes to this; hold it back when streaming
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any, eos_ids: set[int], enable_jump_forward: bool) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.enable_jump_forward = enable_jump_forward
+
+    def decode(self, req: Req) -> str:
+        p = req.params
+        return self.tokenizer.decode(req.output_ids, skip_special_tokens=p.skip_special_tokens)
+
+    def append_token(self, req: Req, token: int, logprob: float | None,
+                     top: list[tuple[float, int]] | None) -> None:
+        """Record one sampled token and decide whether the request is finished."""
+        p = req.params
+        if req.first_token_at is None:
+            req.first_token_at = time.monotonic()
+        req.output_ids.append(token)
+        if req.return_logprob:
+            req.output_logprobs.append((logprob if logprob is not None else float("nan"), token))
+            req.output_top_logprobs.append(top)
+        n_out = len(req.output_ids)
+        if req.grammar is not None:
+            try:
+                req.grammar.accept_token(token)
+            except ValueError as e:
+                req.finish_reason = {"type": "abort", "message": f"grammar rejected token {token}: {e}"}
+                return
+        past_min = n_out >= p.min_new_tokens
+        if token in self.eos_ids and not p.ignore_eos and past_min:
+            req.finish_reason = {"type": "stop", "matched": token}
+        elif token in p.stop_token_ids and past_min:
+            req.finish_reason = {"type": "stop", "matched": token}
+        elif req.grammar is not None and req.grammar.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": token}
+        if req.finish_reason is None and (p.stop or p.stop_regex or req.stream):
+            req.text = self.decode(req)
+            if past_min:
+                self._check_stop_strings(req)
+        if req.finish_reason is None and n_out >= p.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": p.max_new_tokens}
+        if req.finish_reason is None and req.grammar is not None and self.enable_jump_forward:
+            self.jump_forward(req)
+
+    def _check_stop_strings(self, req: Req) -> None:
+        p = req.params
+        text = req.text
+        longest = max([len(s) for s in p.stop] + [0])
+        scan_from = max(0, req.stop_check_from - longest)
+        best: tuple[int, int, str] | None = None  # (start, end, matched)
+        for s in p.stop:
+            k = text.find(s, scan_from)
+            if k >= 0 and (best is None or k < best[0]):
+                best = (k, k + len(s), s)
+        for pattern in p.stop_regex:
+            m = re.search(pattern, text[scan_from:])
+            if m and (best is None or scan_from + m.start() < best[0]):
+                best = (scan_from + m.start(), scan_from + m.end(), m.group(0))
+        req.stop_check_from = len(text)
+        if best is not None:
+            start, end, matched = best
+            req.text = text[:end] if p.no_stop_trim else text[:start]
+            req.finish_reason = {"type": "stop", "matched": matched}
+
+    def jump_forward(self, req: Req) -> None:
+        """Append the string the grammar forces, retokenized together with the last
+        sampled token so the model sees canonical tokens; the next step extends the KV
+        over all of them in one forward pass."""
+        forced = req.grammar.jump_forward_string()
+        if not forced:
+            return
+        last = req.output_ids[-1]
+        last_text = self.tokenizer.decode([last])
+        if REPLACEMENT in last_text:
+            return
+        new_ids = self.tokenizer.encode(last_text + forced, add_special_tokens=False)
+        budget = req.params.max_new_tokens - len(req.output_ids) + 1
+        if len(new_ids) <= 1 or self.tokenizer.decode(new_ids) != last_text + forced:
+            return
+        new_ids = new_ids[:budget]
+        g = req.grammar
+        g.rollback(1)
+        accepted = 0
+        try:
+            for t in new_ids:
+                g.accept_token(t)
+                accepted += 1
+        except ValueError:
+            g.rollback(accepted)
+            g.accept_token(last)
+            return
+        req.output_ids[-1:] = new_ids
+        if req.return_logprob:  # forced tokens carry no sampled logprob
+            req.output_logprobs[-1:] = [(float("nan"), t) for t in new_ids]
+            req.output_top_logprobs[-1:] = [None] * len(new_ids)
+        req.jump_forward_tokens += len(new_ids) - 1
+        if g.is_terminated():
+            req.finish_reason = {"type": "stop", "matched": new_ids[-1]}
+        elif len(req.output_ids) >= req.params.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
+
+    def make_output(self, req: Req) -> ReqOutput:
+        finished = req.finished
+        if finished or not (req.params.stop or req.params.stop_regex):
+            if not (finished and req.finish_reason.get("type") == "stop" and isinstance(req.finish_reason.get("matched"), str)):
+                req.text = self.decode(req)
+        text = req.text
+        if not finished:
+            text = text.rstrip(REPLACEMENT)
+        return ReqOutput(rid=req.rid, text=text, output_ids=list(req.output_ids), finished=finished,
+                         meta_info=self.meta_info(req))
+
+    @staticmethod
+    def meta_info(req: Req) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": req.finish_reason,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.num_cached_tokens,
+            "jump_forward_tokens": req.jump_forward_tokens,
+            "e2e_latency": time.monotonic() - req.created_at,
+        }
+        if req.first_token_at is not None:
+            m["ttft"] = req.first_token_at - req.created_at
+        if req.return_logprob:
+            m["input_token_logprobs"] = [(lp, t, None) for lp, t in req.input_logprobs]
+            m["output_token_logprobs"] = [(None if lp != lp else lp, t, None) for lp, t in req.output_logprobs]
+            m["input_top_logprobs"] = [None if x is None else [(lp, t, None) for lp, t in x]
+                                       for x in req.input_top_logprobs]
+            m["output_top_logprobs"] = [None if x is None else [(lp, t, None) for lp, t in x]
+                                        for x in req.output_top_logprobs]
+        return m
