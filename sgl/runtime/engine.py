@@ -1,0 +1,245 @@
+"""In-process Engine: SGLang's offline engine API over our scheduler.
+
+`Engine(...)` loads the model, sizes the KV pool, and starts the scheduler thread.
+`generate` / `async_generate` tokenize, submit plain requests, and collect
+`{"text", "output_ids", "meta_info"}` results (streams yield cumulative text). Closing a
+stream early aborts its request, which frees its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import torch
+
+from sgl.runtime.config import EngineConfig
+from sgl.runtime.engine_io import ReqSpec, normalize, to_result
+from sgl.runtime.scheduler.req import Req, ReqOutput
+
+log = logging.getLogger("sgl.engine")
+
+KV_TOKENS_CAP = 131072
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.config = cfg = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        from sgl.radix import RadixTree
+        from sgl.runtime.attention.registry import create_attention_backend
+        from sgl.runtime.executor.model_runner import ModelRunner
+        from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
+        from sgl.runtime.memory.kv_pool import KVPool
+        from sgl.runtime.models.loader import load_model
+        from sgl.runtime.scheduler.kv_cache import KVCache
+        from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device
+        loaded = load_model(cfg.model_path, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir)
+        self.model_config = mc = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = loaded.chat_template
+        self.model_path = loaded.model_path
+        self.hf_dir = loaded.hf_dir
+        self.dtype = next(loaded.model.parameters()).dtype
+        self.context_length = cfg.context_length or mc.max_position_embeddings
+        self.eos_token_ids = set(mc.eos_token_ids)
+        self.vocab_size = mc.vocab_size
+
+        kv_dtype = self.dtype
+        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        if cfg.max_total_tokens:
+            num_tokens = cfg.max_total_tokens
+        else:
+            total_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            num_tokens = min(KV_TOKENS_CAP, int(total_mem * cfg.mem_fraction / per_token))
+        self.max_total_tokens = num_tokens
+        pool = KVPool(num_tokens + 1, mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, device)
+        attn = create_attention_backend(cfg.attention_backend, pool, device)
+        kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(num_tokens + 1),
+                     ReqToTokenPool(cfg.max_running_requests + 8, self.context_length, device))
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                schedule_policy=cfg.schedule_policy,
+                max_prefill_tokens=cfg.max_prefill_tokens,
+                chunked_prefill_size=cfg.chunked_prefill_size,
+                max_running_requests=cfg.max_running_requests,
+                enable_jump_forward=not cfg.disable_jump_forward,
+                random_seed=cfg.random_seed,
+                grammar_compile_timeout=cfg.grammar_compile_timeout,
+            ),
+            ModelRunner(loaded.model, attn), kv, self.tokenizer, self.eos_token_ids,
+            grammar_compiler=_LazyGrammarCompiler(self), device=device,
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.scheduler.run_forever, args=(self._stop,),
+                                        name="sgl-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- generation -------------------------------------------------------------------
+    def _specs(self, prompt: Any, input_ids: Any, sampling_params: Any, return_logprob: Any,
+               logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
+               rid: Any) -> tuple[list[ReqSpec], bool]:
+        if self._stop.is_set():
+            raise RuntimeError("this engine was shut down; create a new Engine")
+        return normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
+                         logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
+                         self.vocab_size, self.context_length)
+
+    def _submit(self, spec: ReqSpec, on_output: Any, stream: bool) -> None:
+        self.scheduler.submit(Req(
+            rid=spec.rid, input_ids=spec.input_ids, params=spec.params,
+            return_logprob=spec.return_logprob, logprob_start_len=spec.logprob_start_len,
+            top_logprobs_num=spec.top_logprobs_num, stream=stream, on_output=on_output))
+
+    def generate(
+        self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
+        stream: bool = False, rid: str | list[str] | None = None, return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        specs, is_batch = self._specs(prompt, input_ids, sampling_params, return_logprob,
+                                      logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid)
+        if stream:
+            if len(specs) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            return self._stream_sync(specs[0])
+        q: queue.Queue[ReqOutput] = queue.Queue()
+        for s in specs:
+            self._submit(s, q.put, stream=False)
+        done: dict[str, ReqOutput] = {}
+        while len(done) < len(specs):
+            out = q.get()
+            done[out.rid] = out
+        results = [to_result(self.tokenizer, s, done[s.rid]) for s in specs]
+        return results if is_batch else results[0]
+
+    def _stream_sync(self, spec: ReqSpec) -> Iterator[dict]:
+        q: queue.Queue[ReqOutput] = queue.Queue()
+        self._submit(spec, q.put, stream=True)
+        finished = False
+        try:
+            while not finished:
+                out = q.get()
+                finished = out.finished
+                yield to_result(self.tokenizer, spec, out)
+        finally:
+            if not finished:
+                self.abort(spec.rid)
+
+    async def async_generate(
+        self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
+        stream: bool = False, rid: str | list[str] | None = None, return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        specs, is_batch = self._specs(prompt, input_ids, sampling_params, return_logprob,
+                                      logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid)
+        if stream:
+            if len(specs) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            return self._stream_async(specs[0])
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future] = []
+        for s in specs:
+            fut = loop.create_future()
+            futs.append(fut)
+            self._submit(s, lambda out, fut=fut: loop.call_soon_threadsafe(_set_once, fut, out), stream=False)
+        try:
+            outs = await asyncio.gather(*futs)
+        except asyncio.CancelledError:  # the caller went away: free what its requests hold
+            for s in specs:
+                self.abort(s.rid)
+            raise
+        results = [to_result(self.tokenizer, s, o) for s, o in zip(specs, outs)]
+        return results if is_batch else results[0]
+
+    async def _stream_async(self, spec: ReqSpec) -> AsyncIterator[dict]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[ReqOutput] = asyncio.Queue()
+        self._submit(spec, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), stream=True)
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                yield to_result(self.tokenizer, spec, out)
+        finally:
+            if not finished:
+                self.abort(spec.rid)
+
+    # -- control ------------------------------------------------------------------------
+    def abort(self, rid: str) -> None:
+        self.scheduler.abort(rid)
+
+    def flush_cache(self) -> bool:
+        return bool(self.scheduler.call(self.scheduler.kv.flush).result())
+
+    def get_server_info(self) -> dict[str, Any]:
+        info = self.scheduler.call(self.scheduler.snapshot).result()
+        info.update({
+            "model_path": self.model_path, "dtype": str(self.dtype).replace("torch.", ""),
+            "context_length": self.context_length, "device": self.device,
+            "schedule_policy": self.config.schedule_policy,
+            "disable_radix_cache": self.config.disable_radix_cache,
+        })
+        return info
+
+    def check_invariants(self) -> None:
+        """Prove (in the scheduler thread) that no KV slot is leaked or double-owned."""
+        self.scheduler.call(self.scheduler.check_invariants).result()
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; send a plain prompt instead")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, tools=tools)
+
+    def shutdown(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self._stop.set()
+        except Exception:
+            pass
+
+
+def _set_once(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class _LazyGrammarCompiler:
+    """Builds the grammar compiler on first use, so engines that never see a
+    constraint never import the grammar stack."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._compiler: Any = None
+
+    def submit(self, kind: str, spec: str) -> Any:
+        if self._compiler is None:
+            from sgl.runtime.constrained.service import make_compiler
+
+            e = self._engine
+            self._compiler = make_compiler(e.tokenizer, e.eos_token_ids, e.vocab_size, e.config)
+        return self._compiler.submit(kind, spec)
