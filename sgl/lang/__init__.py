@@ -1,0 +1,1 @@
+"""The prompt-program DSL (`@sgl.function`, `gen`, `select`, roles, fork/join); never imports torch."""

@@ -1,0 +1,310 @@
+"""StreamExecutor: runs one program state's expressions, in order, on a worker thread.
+
+`s += expr` only queues the expression, so a program keeps going (and its forks run
+side by side) while the backend works; reading `s["x"]` waits only until variable x
+exists. The executor owns the prompt text, the OpenAI-style message list, variables
+and their meta info. Any failure stops the state: the error is wrapped in a
+`ProgramError` naming the program, the expression and the end of the prompt, every
+waiter is woken, and the error is re-raised to whoever touches the state next.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from typing import Any
+
+from sgl.lang.backends.base import Backend, check_result
+from sgl.lang.chat_template import ChatTemplate
+from sgl.lang.ir import (LOGPROB_KEYS, REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, GenParams, SglConstantText,
+                         SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVariable,
+                         SglVarScopeBegin, SglVarScopeEnd)
+
+_SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
+                  "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "regex",
+                  "json_schema", "ebnf", "lark")
+
+
+class ProgramError(RuntimeError):
+    """A program failed; `.state` is the failing ProgramState, `__cause__` the original error."""
+
+    state: Any = None
+    states: Any = None
+
+
+def _as_list(x: Any) -> list:
+    if x is None:
+        return []
+    return [x] if isinstance(x, str) else list(x)
+
+
+def dtype_constraint(dtype: Any) -> tuple[str, list[str]]:
+    """(regex, extra stop strings) for gen(dtype=...), as in SGLang."""
+    if dtype in (int, "int"):
+        return REGEX_INT, [" ", "\n"]
+    if dtype in (float, "float"):
+        return REGEX_FLOAT, [" ", "\n"]
+    if dtype in (str, "str"):
+        return REGEX_STR, []
+    if dtype in (bool, "bool"):
+        return REGEX_BOOL, []
+    raise ValueError(f"gen(dtype=...) must be int, float, str or bool, got {dtype!r}")
+
+
+class StreamExecutor:
+    def __init__(self, backend: Backend, arguments: dict[str, Any], default_params: GenParams,
+                 chat_template: ChatTemplate | None = None, stream: bool = False, program_name: str = "program"):
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.arguments = arguments
+        self.default_params = default_params
+        self.stream = stream
+        self.program_name = program_name
+        self.chat_template = chat_template or backend.get_chat_template()
+
+        self.text_ = ""
+        self.messages_: list[dict] = []
+        self.variables: dict[Any, Any] = {}
+        self.variable_event: dict[Any, threading.Event] = {}
+        self.meta_info: dict[Any, Any] = {}
+        self.cur_role: str | None = None
+        self.cur_role_begin_pos: int | None = None
+        self.fork_start_text_pos: int | None = None
+        self._scope_starts: dict[str, int] = {}
+        self.error_: ProgramError | None = None
+        self.is_finished = False
+        self.cond = threading.Condition()  # notified on every text/variable change (streaming)
+
+        self._queue: queue.Queue = queue.Queue()
+        self._ended = False
+        self._worker = threading.Thread(target=self._work, name=f"sgl-{program_name}", daemon=True)
+        self._worker.start()
+
+    # ---- called from the program's thread -----------------------------------------
+
+    def submit(self, expr: SglExpr | str) -> None:
+        if self.error_ is not None:
+            raise self.error_
+        if self._ended:
+            raise RuntimeError("this program state has ended (joined or finished); it cannot take more expressions")
+        self._init_var_events(expr)
+        self._queue.put(expr)
+
+    def sync(self) -> None:
+        self._queue.join()
+
+    def get_var(self, name: Any) -> Any:
+        ev = self.variable_event.get(name)
+        if ev is not None:
+            ev.wait()
+        if name in self.variables:
+            return self.variables[name]
+        if self.error_ is not None:
+            raise self.error_
+        raise KeyError(f"program {self.program_name!r} has no variable {name!r}")
+
+    def set_var(self, name: Any, value: Any) -> None:
+        with self.cond:
+            self.variables[name] = value
+            self.cond.notify_all()
+
+    def get_meta_info(self, name: Any) -> Any:
+        ev = self.variable_event.get(name)
+        if ev is not None:
+            ev.wait()
+        return self.meta_info.get(name)
+
+    def text(self) -> str:
+        self.sync()
+        return self.text_
+
+    def messages(self) -> list[dict]:
+        self.sync()
+        return self.messages_
+
+    def error(self) -> ProgramError | None:
+        self.sync()
+        return self.error_
+
+    def fork(self, size: int) -> list["StreamExecutor"]:
+        size = int(size)
+        if size < 1:
+            raise ValueError(f"fork size must be >= 1, got {size}")
+        self.sync()
+        if self.error_ is not None:
+            raise self.error_
+        if size > 1 and self.text_:
+            # Prefill the shared prefix once so the forks' requests all hit the radix cache.
+            self.backend.cache_prefix(self.text_)
+        children = []
+        for _ in range(size):
+            c = StreamExecutor(self.backend, self.arguments, self.default_params, self.chat_template,
+                               self.stream, self.program_name)
+            c.variables = dict(self.variables)
+            c.meta_info = dict(self.meta_info)
+            c.text_ = self.text_
+            c.messages_ = list(self.messages_)
+            c.cur_role = self.cur_role
+            c.cur_role_begin_pos = self.cur_role_begin_pos
+            c.fork_start_text_pos = len(self.text_)
+            children.append(c)
+        return children
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._queue.put(None)
+
+    # ---- worker thread --------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            expr = self._queue.get()
+            try:
+                if expr is None:
+                    break
+                if self.error_ is None:
+                    try:
+                        self._execute(expr)
+                    except BaseException as e:  # noqa: BLE001 - reported through the state
+                        self._fail(expr, e)
+            finally:
+                self._queue.task_done()
+        with self.cond:
+            self.is_finished = True
+            self.cond.notify_all()
+
+    def _fail(self, expr: Any, e: BaseException) -> None:
+        tail = self.text_[-120:]
+        err = e if isinstance(e, ProgramError) else ProgramError(
+            f"sgl program {self.program_name!r} failed at {expr!r}: {type(e).__name__}: {e}\n"
+            f"  prompt so far ({len(self.text_)} chars) ends with: {tail!r}")
+        if err is not e:
+            err.__cause__ = e
+        with self.cond:
+            self.error_ = err
+            for ev in self.variable_event.values():
+                ev.set()
+            self.cond.notify_all()
+
+    def _init_var_events(self, expr: Any) -> None:
+        if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)):
+            self.variable_event[expr.name] = threading.Event()
+        elif isinstance(expr, SglExprList):
+            for e in expr.expr_list:
+                self._init_var_events(e)
+
+    def _append(self, text: str) -> None:
+        with self.cond:
+            self.text_ += text
+            self.cond.notify_all()
+
+    def _execute(self, expr: Any) -> None:
+        if isinstance(expr, str):
+            self._append(expr)
+        elif isinstance(expr, SglConstantText):
+            self._append(str(expr.value))
+        elif isinstance(expr, SglExprList):
+            for e in expr.expr_list:
+                self._execute(e)
+        elif isinstance(expr, SglGen):
+            self._execute_gen(expr)
+        elif isinstance(expr, SglSelect):
+            self._execute_select(expr)
+        elif isinstance(expr, SglRoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, SglRoleEnd):
+            self._role_end(expr.role)
+        elif isinstance(expr, SglVarScopeBegin):
+            self._scope_starts[expr.name] = len(self.text_)
+        elif isinstance(expr, SglVarScopeEnd):
+            self._set_var(expr.name, self.text_[self._scope_starts.pop(expr.name):], None)
+        elif isinstance(expr, SglVariable):
+            src = expr.source if isinstance(expr.source, StreamExecutor) else self
+            self._append(str(src.get_var(expr.name)))
+        else:
+            raise TypeError(f"cannot append {type(expr).__name__} to a program state")
+
+    def _set_var(self, name: Any, value: Any, meta: Any) -> None:
+        with self.cond:
+            self.variables[name] = value
+            self.meta_info[name] = meta
+            ev = self.variable_event.get(name)
+            if ev is not None:
+                ev.set()
+            self.cond.notify_all()
+
+    def request_for(self, params: GenParams) -> tuple[dict, dict]:
+        """(sampling_params, logprob options) for a gen, after defaults, dtype and chat stops."""
+        p = params.merged_over(self.default_params)
+        sp = {k: getattr(p, k) for k in _SAMPLING_KEYS if getattr(p, k) is not None}
+        stop = _as_list(sp.pop("stop", None))
+        if p.dtype is not None:
+            regex, extra = dtype_constraint(p.dtype)
+            sp["regex"] = regex
+            stop += extra
+        if self.cur_role == "assistant":
+            stop += [s for s in self.chat_template.stop_str if s not in stop]
+        if stop:
+            sp["stop"] = stop
+        for k in ("stop_token_ids", "stop_regex"):
+            if k in sp and not sp[k]:
+                del sp[k]
+        if sp.get("n") == 1:
+            del sp["n"]
+        opts = {k: getattr(p, k) for k in LOGPROB_KEYS if getattr(p, k) is not None}
+        return sp, opts
+
+    def _execute_gen(self, expr: SglGen) -> None:
+        sp, opts = self.request_for(expr.sampling_params)
+        if not self.stream or sp.get("n", 1) > 1:
+            res = self.backend.generate(self.text_, sp, **opts)
+            if isinstance(res, list):
+                texts = [check_result(r)["text"] for r in res]
+                self._append(texts[0])
+                self._set_var(expr.name, texts, [r["meta_info"] for r in res])
+            else:
+                self._append(check_result(res)["text"])
+                self._set_var(expr.name, res["text"], res["meta_info"])
+            return
+        with self.cond:
+            self.variables[expr.name] = ""
+        shown = 0
+        meta = None
+        for res in self.backend.generate_stream(self.text_, sp, **opts):
+            check_result(res)
+            piece = res["text"][shown:]
+            shown = len(res["text"])
+            meta = res.get("meta_info")
+            with self.cond:
+                self.text_ += piece
+                self.variables[expr.name] += piece
+                self.meta_info[expr.name] = meta
+                self.cond.notify_all()
+        self._set_var(expr.name, self.variables[expr.name], meta)
+
+    def _execute_select(self, expr: SglSelect) -> None:
+        decision = self.backend.select(self.text_, expr.choices, expr.temperature, expr.choices_method)
+        self._append(decision.decision)
+        self._set_var(expr.name, decision.decision, decision.meta_info)
+
+    def _role_begin(self, role: str) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"cannot begin a {role} turn inside the open {self.cur_role} turn; roles do not nest")
+        if not self.messages_ and role != "system" and self.chat_template.default_system_prompt:
+            self._role_begin("system")
+            self._append(self.chat_template.default_system_prompt)
+            self._role_end("system")
+        self.cur_role = role
+        self._append(self.chat_template.get_prefix_and_suffix(role, self.messages_)[0])
+        self.cur_role_begin_pos = len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        if self.cur_role != role:
+            raise ValueError(f"{role}_end without a matching {role}_begin (open turn: {self.cur_role})")
+        content = self.text_[self.cur_role_begin_pos:].lstrip()
+        self._append(self.chat_template.get_prefix_and_suffix(role, self.messages_)[1])
+        self.messages_.append({"role": role, "content": content})
+        self.cur_role = None
+        self.cur_role_begin_pos = None
