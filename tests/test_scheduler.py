@@ -1,0 +1,180 @@
+"""Scheduler tests with a fake model runner: batching, chunking, prefix sharing,
+eviction and retraction under memory pressure, aborts — and no KV slot ever lost."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sgl.radix import RadixTree
+from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
+from sgl.runtime.request import SamplingParams
+from sgl.runtime.scheduler.kv_cache import KVCache
+from sgl.runtime.scheduler.req import Req, ReqOutput
+from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from tests.fakes import EOS, CharTokenizer, FakeRunner, expected_output
+
+
+def make(num_slots: int = 4096, disable: bool = False, policy: str = "lpm", chunk: int = 2048,
+         max_running: int = 64) -> tuple[Scheduler, FakeRunner]:
+    runner = FakeRunner()
+    kv = KVCache(RadixTree(disable=disable), SlotAllocator(num_slots), ReqToTokenPool(max_running + 8, 1024))
+    cfg = SchedulerConfig(schedule_policy=policy, chunked_prefill_size=chunk, max_prefill_tokens=max(chunk, 512),
+                          max_running_requests=max_running, check_invariants_when_idle=True)
+    return Scheduler(cfg, runner, kv, CharTokenizer(), {EOS}), runner
+
+
+def submit(s: Scheduler, rid: str, prompt: list[int], max_new: int, results: dict, **params) -> Req:
+    p = SamplingParams.from_dict({"max_new_tokens": max_new, "temperature": 0, **params})
+    req = Req(rid=rid, input_ids=prompt, params=p, on_output=lambda o: results.__setitem__(o.rid, o))
+    s.submit(req)
+    return req
+
+
+def run_all(s: Scheduler, limit: int = 10000) -> None:
+    for _ in range(limit):
+        s.step()
+        s.check_invariants()
+        if not s.has_work() and s.inbox.empty():
+            return
+    raise AssertionError("scheduler did not drain")
+
+
+def assert_all_free(s: Scheduler) -> None:
+    assert s.kv.flush()
+    assert s.kv.allocator.num_free == s.kv.allocator.capacity
+    assert s.kv.req_to_token.num_free == s.kv.req_to_token.max_reqs
+
+
+def test_requests_finish_with_expected_tokens() -> None:
+    s, _ = make()
+    rng = random.Random(0)
+    results: dict[str, ReqOutput] = {}
+    prompts = {f"r{i}": [rng.randrange(3, 60) for _ in range(rng.randrange(1, 40))] for i in range(20)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, 12, results)
+    run_all(s)
+    for rid, p in prompts.items():
+        out = results[rid]
+        assert out.finished and out.meta_info["finish_reason"] == {"type": "length", "length": 12}
+        assert out.output_ids == expected_output(p, 12)
+    assert_all_free(s)
+
+
+def test_memory_pressure_evicts_and_retracts_yet_all_finish() -> None:
+    s, _ = make(num_slots=160, max_running=16)
+    rng = random.Random(1)
+    results: dict[str, ReqOutput] = {}
+    prompts = {f"r{i}": [rng.randrange(3, 60) for _ in range(30)] for i in range(10)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, 40, results)
+    run_all(s)
+    assert s.stats["num_retractions_total"] > 0, "the pool was too small; retraction must have happened"
+    for rid, p in prompts.items():
+        assert results[rid].meta_info["finish_reason"]["type"] == "length"
+        assert results[rid].output_ids == expected_output(p, 40)
+    assert_all_free(s)
+
+
+def test_tree_eviction_makes_room_for_new_requests() -> None:
+    s, _ = make(num_slots=120)
+    results: dict[str, ReqOutput] = {}
+    for i in range(8):  # each leaves 60 tokens in the tree; the pool holds 119
+        submit(s, f"r{i}", [3 + i] * 50, 10, results)
+        run_all(s)
+    assert len(results) == 8 and all(o.meta_info["finish_reason"]["type"] == "length" for o in results.values())
+    assert s.kv.tree.total_size() <= 119
+    assert_all_free(s)
+
+
+def test_shared_prefix_is_computed_once() -> None:
+    s, runner = make()
+    results: dict[str, ReqOutput] = {}
+    prefix = list(range(3, 63)) * 3  # 180 tokens
+    for i in range(8):
+        submit(s, f"f{i}", prefix + [10 + i], 4, results)
+    run_all(s)
+    cached = sorted(o.meta_info["cached_tokens"] for o in results.values())
+    assert cached[0] == 0 and all(c >= 180 for c in cached[1:]), cached
+    # 8 x 181 prompt tokens, but the prefix is computed once: 181 + 7 x 1 + decode steps
+    assert runner.tokens_computed == 181 + 7 + 8 * 3
+
+
+def test_disabled_radix_cache_recomputes_but_matches() -> None:
+    s, runner = make(disable=True)
+    results: dict[str, ReqOutput] = {}
+    prefix = list(range(3, 63)) * 2
+    for i in range(4):
+        submit(s, f"d{i}", prefix + [5], 6, results)
+    run_all(s)
+    assert all(o.meta_info["cached_tokens"] == 0 for o in results.values())
+    assert all(o.output_ids == expected_output(prefix + [5], 6) for o in results.values())
+    assert s.kv.allocator.num_free == s.kv.allocator.capacity
+
+
+def test_chunked_prefill_gives_same_output_and_prompt_logprobs() -> None:
+    s, runner = make(chunk=16)
+    results: dict[str, ReqOutput] = {}
+    prompt = [3 + (i * 5) % 50 for i in range(100)]
+    p = SamplingParams.from_dict({"max_new_tokens": 5, "temperature": 0})
+    s.submit(Req(rid="c", input_ids=prompt, params=p, return_logprob=True, logprob_start_len=0,
+                 on_output=lambda o: results.__setitem__(o.rid, o)))
+    run_all(s)
+    out = results["c"]
+    assert out.output_ids == expected_output(prompt, 5)
+    lps = out.meta_info["input_token_logprobs"]
+    assert len(lps) == 100 and lps[0][0] is None
+    assert [t for _, t, _ in lps] == prompt
+    assert max(b.num_tokens for b in runner.batches) <= 16
+
+
+def test_abort_waiting_and_running_frees_everything() -> None:
+    s, _ = make(max_running=2)
+    results: dict[str, ReqOutput] = {}
+    for i in range(5):
+        submit(s, f"a{i}", [4 + i] * 20, 50, results)
+    for _ in range(5):
+        s.step()
+    s.abort("a0")  # running
+    s.abort("a4")  # still waiting (max_running=2)
+    run_all(s)
+    assert results["a0"].meta_info["finish_reason"]["type"] == "abort"
+    assert results["a4"].meta_info["finish_reason"]["type"] == "abort"
+    assert results["a4"].output_ids == []
+    assert results["a1"].meta_info["finish_reason"]["type"] == "length"
+    assert_all_free(s)
+
+
+def test_stop_conditions() -> None:
+    s, _ = make()
+    results: dict[str, ReqOutput] = {}
+    prompt = [5, 6, 7]
+    ref = expected_output(prompt, 20)
+    submit(s, "tok", prompt, 20, results, stop_token_ids=[ref[4]])
+    text = CharTokenizer().decode(ref)
+    submit(s, "str", prompt, 20, results, stop=[text[6:8]])
+    submit(s, "min", prompt, 20, results, stop_token_ids=[ref[0]], min_new_tokens=3)
+    submit(s, "zero", prompt, 0, results)
+    run_all(s)
+    assert results["tok"].output_ids == ref[:5]
+    assert results["tok"].meta_info["finish_reason"] == {"type": "stop", "matched": ref[4]}
+    assert results["str"].text == text[:text.find(text[6:8])]
+    assert results["str"].meta_info["finish_reason"]["matched"] == text[6:8]
+    assert len(results["min"].output_ids) >= 3
+    assert results["zero"].output_ids == [] and results["zero"].meta_info["finish_reason"]["type"] == "length"
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("policy", ["lpm", "fcfs", "dfs-weight"])
+def test_policies_finish_everything(policy: str) -> None:
+    s, _ = make(policy=policy, max_running=4)
+    results: dict[str, ReqOutput] = {}
+    rng = random.Random(2)
+    bases = [[rng.randrange(3, 60) for _ in range(40)] for _ in range(3)]
+    prompts = {f"p{i}": bases[i % 3] + [rng.randrange(3, 60) for _ in range(5)] for i in range(12)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, 6, results)
+    run_all(s)
+    assert {rid: results[rid].output_ids for rid in prompts} == {rid: expected_output(p, 6) for rid, p in prompts.items()}
+    assert_all_free(s)
