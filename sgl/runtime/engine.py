@@ -238,8 +238,10 @@ class _LazyGrammarCompiler:
 
     def submit(self, kind: str, spec: str) -> Any:
         if self._compiler is None:
-            from sgl.runtime.constrained.service import make_compiler
+            from sgl.runtime.constrained.registry import GrammarCompiler
+            from sgl.runtime.constrained.vocab import TokenizerInfo
 
             e = self._engine
-            self._compiler = make_compiler(e.tokenizer, e.eos_token_ids, e.vocab_size, e.config)
+            tok = TokenizerInfo.from_hf_tokenizer(e.tokenizer, eos_token_ids=sorted(e.eos_token_ids))
+            self._compiler = GrammarCompiler(tok, timeout_s=e.config.grammar_compile_timeout)
         return self._compiler.submit(kind, spec)
