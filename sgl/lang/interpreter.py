@@ -248,6 +248,8 @@ class StreamExecutor:
             stop += [s for s in self.chat_template.stop_str if s not in stop]
         if stop:
             sp["stop"] = stop
+        if "stop_regex" in sp:
+            sp["stop_regex"] = _as_list(sp["stop_regex"])
         for k in ("stop_token_ids", "stop_regex"):
             if k in sp and not sp[k]:
                 del sp[k]
