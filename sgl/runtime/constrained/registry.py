@@ -1,0 +1,162 @@
+"""Grammar registry: spec -> compiled tables -> fresh matcher, plus the async compiler.
+
+`compile_grammar(kind, spec, tok)` is the one entry point the scheduler and the public
+matcher use. Kinds: "regex", "json_schema", "choices" (all outlines-core Index) and
+"ebnf" (GBNF, translated to Lark), "lark" (our LALR mask engine). Compiled tables are
+cached in memory (LRU) and, for Index-based kinds, on disk; every call returns a new
+matcher at the start state sharing the tables. Backends are imported lazily so that a
+server that never sees a CFG never imports lark.
+
+`GrammarCompiler` runs compiles on a worker thread so the decode loop keeps going; its
+futures fail with GrammarError on bad specs and on timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import threading
+from typing import Any
+
+from .base import Grammar, GrammarError
+from .cache import DiskCache, LRUCache, cache_key
+from .vocab import TokenizerInfo
+
+KINDS = ("regex", "json_schema", "choices", "ebnf", "lark")
+_INDEX_KINDS = ("regex", "json_schema", "choices")
+
+_memory = LRUCache(int(os.environ.get("SGL_GRAMMAR_CACHE_ENTRIES", "256")))
+
+
+def _disk() -> DiskCache | None:
+    if os.environ.get("SGL_GRAMMAR_DISK_CACHE", "1") in ("0", "false", "no"):
+        return None
+    return DiskCache()
+
+
+def normalize_spec(kind: str, spec: Any) -> str:
+    """Canonical string form of a spec (the cache key); validates kind and type."""
+    if kind not in KINDS:
+        raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {list(KINDS)}")
+    if kind == "choices":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError:
+                raise GrammarError("choices: expected a list of strings or its JSON text") from None
+        if not isinstance(spec, (list, tuple)) or not spec or not all(isinstance(c, str) for c in spec):
+            raise GrammarError("choices: expected a non-empty list of strings")
+        return json.dumps(list(spec), ensure_ascii=False)
+    if kind == "json_schema" and isinstance(spec, dict):
+        return json.dumps(spec)  # key order matters: properties are emitted in order
+    if not isinstance(spec, str) or not spec.strip():
+        raise GrammarError(f"{kind}: expected a non-empty string spec")
+    return spec
+
+
+def compile_tables(kind: str, spec: Any, tok: TokenizerInfo, *, use_cache: bool = True) -> Any:
+    """Compiled (shareable) tables for a spec; raises GrammarError for bad specs."""
+    spec_s = normalize_spec(kind, spec)
+    key = cache_key(kind, spec_s, tok.hash)
+    if use_cache:
+        hit = _memory.get(key)
+        if hit is not None:
+            return hit
+    compiled = _build(kind, spec_s, tok, key, use_cache)
+    if use_cache:
+        _memory.put(key, compiled)
+    return compiled
+
+
+def compile_grammar(kind: str, spec: Any, tok: TokenizerInfo) -> Grammar:
+    """A fresh matcher at the start state for `spec` (see module doc for kinds)."""
+    return compile_tables(kind, spec, tok).new_matcher()
+
+
+def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -> Any:
+    if kind in _INDEX_KINDS:
+        from .regex_grammar import (CompiledRegex, build_index, choices_to_regex,
+                                    json_schema_to_regex)
+
+        disk = _disk() if use_disk else None
+        index = disk.get(key) if disk is not None else None
+        if index is None:
+            if kind == "regex":
+                regex = spec
+            elif kind == "choices":
+                regex = choices_to_regex(json.loads(spec))
+            else:
+                regex = json_schema_to_regex(spec)
+            index = build_index(regex, tok, kind)
+            if disk is not None:
+                disk.put(key, index)
+        return CompiledRegex(index, tok, kind)
+    from .lark_grammar import CompiledLark
+
+    if kind == "ebnf":
+        from .gbnf import gbnf_to_lark
+
+        return CompiledLark(gbnf_to_lark(spec), tok, kind="ebnf")
+    return CompiledLark(spec, tok, kind="lark")
+
+
+def clear_memory_cache() -> None:
+    _memory.clear()
+
+
+def memory_cache_stats() -> dict[str, int]:
+    return {"entries": len(_memory), "hits": _memory.hits, "misses": _memory.misses}
+
+
+class GrammarCompiler:
+    """Background compile service for one tokenizer.
+
+    `submit` returns at once with a Future[Grammar]; cache hits come back already done.
+    A compile that runs past `timeout_s` fails its future with GrammarError; the worker
+    thread itself cannot be interrupted and finishes (its result still fills the cache).
+    """
+
+    def __init__(self, tok: TokenizerInfo, max_workers: int = 1, timeout_s: float = 60.0) -> None:
+        self.tok = tok
+        self.timeout_s = timeout_s
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sgl-grammar")
+
+    def submit(self, kind: str, spec: Any) -> "cf.Future[Grammar]":
+        out: cf.Future[Grammar] = cf.Future()
+        out.set_running_or_notify_cancel()
+        try:
+            key = cache_key(kind, normalize_spec(kind, spec), self.tok.hash)
+        except GrammarError as e:
+            out.set_exception(e)
+            return out
+        hit = _memory.get(key)
+        if hit is not None:
+            out.set_result(hit.new_matcher())
+            return out
+
+        lock = threading.Lock()
+
+        def finish(fn: str, value: Any) -> None:
+            with lock:
+                if not out.done():
+                    getattr(out, fn)(value)
+
+        def on_done(f: cf.Future[Grammar]) -> None:
+            e = f.exception()
+            if e is not None and not isinstance(e, GrammarError):
+                e = GrammarError(f"{kind}: compile failed ({type(e).__name__}: {e})")
+            finish("set_exception", e) if e is not None else finish("set_result", f.result())
+
+        inner = self._pool.submit(compile_grammar, kind, spec, self.tok)
+        inner.add_done_callback(on_done)
+        if self.timeout_s and self.timeout_s > 0:
+            timer = threading.Timer(self.timeout_s, finish, args=(
+                "set_exception", GrammarError(f"{kind}: compile timed out after {self.timeout_s:g}s")))
+            timer.daemon = True
+            timer.start()
+            out.add_done_callback(lambda _f: timer.cancel())
+        return out
+
+    def shutdown(self, wait: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=True)
