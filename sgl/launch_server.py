@@ -1,0 +1,86 @@
+"""`python -m sgl.launch_server`: start the HTTP server (SGLang's flag names).
+
+Engine flags (--model-path, --dtype, --max-total-tokens, --schedule-policy,
+--disable-radix-cache, --chunked-prefill-size, --max-running-requests,
+--attention-backend, --disable-jump-forward, --random-seed, --context-length, ...) are
+generated from `EngineConfig`; server flags are --host, --port, --api-key,
+--served-model-name, --log-level. Without --model-path the embedded
+SmolLM2-135M-Instruct is served. SIGINT/SIGTERM stop accepting connections, let
+in-flight requests finish for --graceful-shutdown-timeout seconds, abort the rest, then
+stop the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any
+
+from sgl.runtime.config import EngineConfig, add_cli_args
+
+
+class _JsonAccessFormatter(logging.Formatter):
+    # Access lines are already JSON; everything else keeps a plain readable format.
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name == "sgl.server.access":
+            return record.getMessage()
+        return super().format(record)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sgl.launch_server", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=30000, help="port to bind")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' (all paths but /health)")
+    p.add_argument("--served-model-name", default=None, help="model id in the OpenAI API (default: the model path)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish on shutdown before being aborted")
+    p.add_argument("--no-access-log", action="store_true", help="do not log one JSON line per request")
+    add_cli_args(p)
+    return p
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+            if getattr(args, f.name, None) is not None}
+
+
+def setup_logging(level: str, access_log: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonAccessFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("sgl.server.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, not args.no_access_log)
+    import uvicorn
+
+    from sgl.runtime.engine import Engine
+    from sgl.server.app import create_app
+
+    kwargs = engine_kwargs(args)
+    log = logging.getLogger("sgl.server")
+    log.info("starting engine with %s", json.dumps(kwargs))
+    engine = Engine(**kwargs)
+    app = create_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
+                     server_args={"host": args.host, "port": args.port, **kwargs})
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            timeout_graceful_shutdown=int(args.graceful_shutdown_timeout), log_config=None)
+    server = uvicorn.Server(config)
+    log.info("serving %s on http://%s:%d", app.state.served_model_name, args.host, args.port)
+    try:
+        server.run()
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

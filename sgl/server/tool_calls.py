@@ -1,0 +1,101 @@
+"""Tool (function) calling for the chat API: prompts, grammars, and parsing.
+
+How a call is produced depends on `tool_choice`:
+
+- a named function: the reply is generated under a JSON-Schema grammar built from that
+  function's `parameters`, so it *is* the arguments object; it is returned as one call.
+- "required": the grammar is `anyOf` over `{"name": <const>, "arguments": <parameters>}`
+  for every tool, so the model must pick a tool and give valid arguments.
+- "auto" (the default when tools are given): the model generates freely after being
+  shown the tools and the `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  convention (Hermes/Qwen style). Every well-formed block naming a known tool becomes a
+  call; text outside the blocks stays the message content. Unconstrained, so a small
+  model may answer in prose instead, which is a valid "auto" outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from sgl.server.errors import bad_request
+
+_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def make_call(name: str, arguments: Any, index: int = 0) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id(), "index": index, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
+    params = tool["function"].get("parameters")
+    return params if isinstance(params, dict) and params else dict(_ANY_OBJECT)
+
+
+def describe_tools(tools: list[dict[str, Any]], *, auto: bool) -> str:
+    """System-prompt text listing the tools (and, for auto, the call convention)."""
+    specs = [json.dumps({"name": t["function"]["name"], "description": t["function"].get("description") or "",
+                         "parameters": parameters_of(t)}, ensure_ascii=False) for t in tools]
+    text = "You have access to the following functions:\n" + "\n".join(specs)
+    if auto:
+        text += ("\n\nTo call a function, reply with\n<tool_call>\n{\"name\": <function name>, "
+                 "\"arguments\": <arguments object>}\n</tool_call>\nOtherwise answer normally.")
+    return text
+
+
+def find_tool(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    for t in tools:
+        if t["function"]["name"] == name:
+            return t
+    raise bad_request(f"tool_choice names function {name!r}, which is not in tools "
+                      f"({[t['function']['name'] for t in tools]})", "tool_choice")
+
+
+def constraint_schema(tools: list[dict[str, Any]], choice: Any) -> tuple[str, str | None]:
+    """JSON Schema (as a string) for a forced call, and the function name if fixed."""
+    if isinstance(choice, dict):
+        tool = find_tool(tools, choice["function"]["name"])
+        return json.dumps(parameters_of(tool)), tool["function"]["name"]
+    variants = [{"type": "object",
+                 "properties": {"name": {"const": t["function"]["name"]}, "arguments": parameters_of(t)},
+                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return json.dumps(schema), None
+
+
+def parse_forced(text: str, fixed_name: str | None) -> list[dict[str, Any]]:
+    """Calls from output generated under `constraint_schema` (empty if not parseable)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    if fixed_name is not None:
+        return [make_call(fixed_name, obj)]
+    if isinstance(obj, dict) and isinstance(obj.get("name"), str) and "arguments" in obj:
+        return [make_call(obj["name"], obj["arguments"])]
+    return []
+
+
+def parse_auto(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split free output into (content, calls) using the <tool_call> convention."""
+    names = {t["function"]["name"] for t in tools}
+    calls: list[dict[str, Any]] = []
+    for m in _CALL_RE.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("name") in names:
+            calls.append(make_call(obj["name"], obj.get("arguments", obj.get("parameters", {})), len(calls)))
+    if not calls:
+        return text, []
+    content = _CALL_RE.sub("", text).strip()
+    return (content or None), calls
