@@ -21,12 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl.runtime.kernels.jit import interpreting, lazy_jit, next_pow2
+from sgl.runtime.kernels.jit import interpreting, next_pow2
 
 _LOG2E = 1.4426950408889634
 
 
-@lazy_jit
+@triton.jit
 def _decode_stage1_kernel(
     q_ptr, k_buf_ptr, v_buf_ptr, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
     part_o_ptr, part_lse_ptr,  # [B, Hq, S, D] and [B, Hq, S], fp32
@@ -92,7 +92,7 @@ def _decode_stage1_kernel(
     tl.store(part_lse_ptr + i * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
 
 
-@lazy_jit
+@triton.jit
 def _decode_stage2_kernel(
     part_o_ptr, part_lse_ptr, o_ptr,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
@@ -158,14 +158,15 @@ def decode_attention(
     assert part_o.stride(-1) == 1 and part_lse.stride(-1) == 1
     group = num_q_heads // num_kv_heads
     block_d = next_pow2(head_dim)
-    block_n = 16 if interpreting() else (64 if block_d <= 64 else 32)
+    interp = interpreting(_decode_stage1_kernel)
+    block_n = 16 if interp else (64 if block_d <= 64 else 32)
     _decode_stage1_kernel[(batch_size, num_kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, part_o, part_lse,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=interpreting(),
+        BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=interp,
     )
     _decode_stage2_kernel[(batch_size, num_q_heads)](
         part_o, part_lse, o,

@@ -20,12 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl.runtime.kernels.jit import interpreting, lazy_jit, next_pow2
+from sgl.runtime.kernels.jit import interpreting, next_pow2
 
 _LOG2E = 1.4426950408889634
 
 
-@lazy_jit
+@triton.jit
 def _extend_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,  # new tokens: q/o [T, Hq, D], k/v [T, Hkv, D]
     k_buf_ptr, v_buf_ptr,  # pool of this layer [S, Hkv, D]
@@ -148,7 +148,8 @@ def extend_attention(
     block_d = next_pow2(head_dim)
     block_m = 64 if block_d <= 64 else 32
     block_n = 64 if block_d <= 64 else 32
-    if interpreting():  # small tiles keep the CPU interpreter quick on tiny test shapes
+    interp = interpreting(_extend_attention_kernel)
+    if interp:  # small tiles keep the CPU interpreter quick on tiny test shapes
         block_m = block_n = 16
     grid = (batch_size, num_q_heads, triton.cdiv(max_extend_len, block_m))
     _extend_attention_kernel[grid](
@@ -159,5 +160,5 @@ def extend_attention(
         o.stride(0), o.stride(1),
         k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=interpreting(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=interp,
     )

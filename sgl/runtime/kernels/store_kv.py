@@ -7,12 +7,13 @@ copies one token's K and V row (all heads at once); the store casts to the pool 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from sgl.runtime.kernels.jit import lazy_jit, next_pow2
+from sgl.runtime.kernels.jit import next_pow2
 
 
-@lazy_jit
+@triton.jit
 def _store_kv_kernel(
     k_ptr, v_ptr, loc_ptr, k_buf_ptr, v_buf_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,

@@ -1,0 +1,50 @@
+"""Pick an attention backend by name, importing only the one chosen.
+
+"auto" (or None) means Triton when the pool lives on a CUDA device and torch otherwise,
+so the CPU path never imports Triton. Naming "triton" without a GPU is allowed only
+under TRITON_INTERPRET=1 (the kernels' CPU correctness mode).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sgl.runtime.attention.base import AttentionBackend
+from sgl.runtime.memory.kv_pool import KVPool
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+def resolve_backend_name(name: str | None, device: torch.device | str | None = None) -> str:
+    """'torch' or 'triton' for a requested name ('auto'/None decides by the device)."""
+    if name is None or name == "auto":
+        if device is None:
+            return "triton" if torch.cuda.is_available() else "torch"
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    return name
+
+
+def create_attention_backend(
+    name: str | None, pool: KVPool, device: torch.device | str | None = None
+) -> AttentionBackend:
+    """Build the backend for `pool`; `device` defaults to where the pool's buffers live."""
+    if device is None and pool.k_buffers:
+        device = pool.k_buffers[0].device
+    resolved = resolve_backend_name(name, device)
+    if resolved == "torch":
+        from sgl.runtime.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(pool)
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    if not on_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise ValueError(
+            "the triton attention backend needs the KV pool on a CUDA GPU; use 'torch' on the CPU "
+            "(or set TRITON_INTERPRET=1 to run the kernels in Triton's slow CPU interpreter)"
+        )
+    from sgl.runtime.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend(pool)
