@@ -150,3 +150,45 @@ def chat_template_or_default(source: str | None, name: str = "model", eos_token:
 
         warnings.warn(f"could not derive role segments from the chat template of {name!r}; using ChatML")
         return CHATML_TEMPLATE
+
+
+def read_template_source(model_path: str | None) -> tuple[str | None, str]:
+    """(jinja chat template, eos token) read from a local model without loading it.
+
+    For clients whose server does not report its template: a GGUF file keeps it in its
+    metadata, a Hugging Face folder in tokenizer_config.json. Returns (None, "") when
+    the path is not local or has no template.
+    """
+    import json
+    import os
+
+    if not model_path or not os.path.exists(model_path):
+        return None, ""
+    try:
+        if model_path.endswith(".gguf"):
+            from gguf import GGUFReader
+
+            fields = GGUFReader(model_path).fields
+
+            def text(key: str) -> str | None:
+                f = fields.get(key)
+                return bytes(f.parts[f.data[0]]).decode() if f is not None else None
+
+            eos = ""
+            eos_id = fields.get("tokenizer.ggml.eos_token_id")
+            tokens = fields.get("tokenizer.ggml.tokens")
+            if eos_id is not None and tokens is not None:
+                idx = int(eos_id.parts[eos_id.data[0]][0])
+                eos = bytes(tokens.parts[tokens.data[idx]]).decode()
+            return text("tokenizer.chat_template"), eos
+        cfg_path = os.path.join(model_path, "tokenizer_config.json")
+        if os.path.isfile(cfg_path):
+            with open(cfg_path) as f:
+                cfg = json.load(f)
+            eos = cfg.get("eos_token") or ""
+            eos = eos.get("content", "") if isinstance(eos, dict) else eos
+            tmpl = cfg.get("chat_template")
+            return (tmpl if isinstance(tmpl, str) else None), eos
+    except Exception:  # noqa: BLE001 - a best-effort fallback
+        return None, ""
+    return None, ""

@@ -14,7 +14,8 @@ from typing import Any, Iterator
 import httpx
 
 from sgl.lang.backends.base import Backend, BackendError
-from sgl.lang.chat_template import CHATML_TEMPLATE, DEFAULT_TEMPLATE, ChatTemplate, chat_template_or_default
+from sgl.lang.chat_template import (CHATML_TEMPLATE, DEFAULT_TEMPLATE, ChatTemplate, chat_template_or_default,
+                                   read_template_source)
 
 _NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "default": DEFAULT_TEMPLATE}
 
@@ -33,9 +34,13 @@ class RuntimeEndpoint(Backend):
                 raise ValueError(f"unknown chat template {chat_template_name!r}; known: {sorted(_NAMED_TEMPLATES)}")
             self.chat_template = _NAMED_TEMPLATES[chat_template_name]
         else:
-            self.chat_template = chat_template_or_default(self.model_info.get("chat_template"),
-                                                          name=str(self.model_info.get("model_path")),
-                                                          eos_token=self.model_info.get("eos_token") or "")
+            source = self.model_info.get("chat_template")
+            eos = self.model_info.get("eos_token") or ""
+            if not source:  # older servers do not report it; read it from a local model file
+                source, eos = read_template_source(self.model_info.get("tokenizer_path")
+                                                   or self.model_info.get("model_path"))
+            self.chat_template = chat_template_or_default(source, name=str(self.model_info.get("model_path")),
+                                                          eos_token=eos)
 
     def get_model_name(self) -> str:
         return str(self.model_info.get("model_path"))
