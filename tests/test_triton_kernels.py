@@ -29,6 +29,7 @@ from sgl.runtime.kernels import reference as ref  # noqa: E402
 from sgl.runtime.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from sgl.runtime.kernels.extend_attention import _extend_attention_kernel, extend_attention  # noqa: E402
 from sgl.runtime.kernels.jit import interpreting  # noqa: E402
+from sgl.runtime.kernels.rmsnorm_rope import apply_rope_, rmsnorm  # noqa: E402
 from sgl.runtime.kernels.store_kv import store_kv  # noqa: E402
 from sgl.runtime.memory.kv_pool import KVPool  # noqa: E402
 
@@ -235,6 +236,44 @@ def test_registry_picks_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="CUDA"):
         create_attention_backend("triton", cpu_pool)
+
+
+# One bf16 rounding (two for RMSNorm: normalize, then scale), possibly truncating.
+NORM_TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1.6e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_matches_reference(dtype: torch.dtype, with_residual: bool) -> None:
+    g = torch.Generator().manual_seed(11)
+    hidden = 576  # SmolLM2's width: not a power of two
+    x = _randn(5, hidden, dtype=dtype, g=g) * 3
+    w = (1 + 0.1 * _randn(hidden, dtype=torch.float32, g=g)).to(dtype)
+    residual = _randn(5, hidden, dtype=dtype, g=g) if with_residual else None
+    expected, expected_res = ref.rmsnorm_ref(x, w, 1e-6, residual.clone() if residual is not None else None)
+    out = rmsnorm(x, w, 1e-6, residual)
+    torch.testing.assert_close(out.float(), expected.float(), **NORM_TOL[dtype])
+    if residual is not None:
+        assert expected_res is not None
+        torch.testing.assert_close(residual.float(), expected_res.float(), **NORM_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_rotates_in_place(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(12)
+    heads, kv_heads, d, max_pos = 6, 2, 64, 128
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(max_pos).float(), inv)
+    cos, sin = freqs.cos().to(dtype).to(DEVICE), freqs.sin().to(dtype).to(DEVICE)
+    positions = _i64([0, 1, 2, 77, 5, 127])
+    qkv = _randn(6, heads + 2 * kv_heads, d, dtype=dtype, g=g)
+    before = qkv.clone()
+    qk = qkv[:, : heads + kv_heads]  # rotate q and k together, as a strided view
+    expected = ref.rope_ref(qk, positions, cos, sin)
+    apply_rope_(qk, positions, cos, sin)
+    torch.testing.assert_close(qkv[:, : heads + kv_heads].float(), expected, **NORM_TOL[dtype])
+    assert torch.equal(qkv[:, heads + kv_heads :], before[:, heads + kv_heads :])  # v untouched
+    assert torch.equal(qkv[0], before[0])  # position 0 is the identity
 
 
 def test_tiny_llama_logits_match_torch_backend() -> None:

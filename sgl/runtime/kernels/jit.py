@@ -5,10 +5,12 @@ library functions (`tl.max`, `tl.sum`, `tl.cdiv`, ...) are decorated when `trito
 first imported. So TRITON_INTERPRET=1 must be set before the first `import triton` in
 the process; `interpreting(kernel)` reports the mode a kernel was actually built in.
 
-The interpreter also has a gap we work around: its `tl.dot` multiplies bf16 operands
-as their raw uint16 bit patterns (numpy has no bf16). Kernels take an `UPCAST`
-constexpr and cast dot operands to fp32 when they run interpreted. (It also truncates
-fp32 -> bf16 instead of rounding to nearest, so bf16 results may differ by one ulp.)
+The interpreter stores bf16 as raw uint16 (numpy has no bf16), and its arithmetic and
+`tl.dot` then work on the bit patterns: bf16 values must be cast to fp32 before any
+math. Elementwise kernels always do that; the attention kernels take an `UPCAST`
+constexpr that casts dot operands to fp32 only when interpreted (GPUs keep bf16 dots).
+It also truncates fp32 -> bf16 instead of rounding to nearest, so bf16 results may
+differ from a GPU's by one ulp.
 """
 
 from __future__ import annotations

@@ -62,3 +62,22 @@ def decode_attention_ref(
         slots = req_to_token[int(req_pool_indices[b]), :n].long()
         out[b:b + 1] = _attend(q[b:b + 1], k_buf[slots], v_buf[slots], n - 1, sm_scale)
     return out
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(normed, new residual): HF Llama RMSNorm, fp32 statistics, weight applied in x.dtype."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, residual
+
+
+def rope_ref(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [T, H, D] in fp32 (not in place)."""
+    half = x.shape[-1] // 2
+    c, s = cos[positions].float()[:, None], sin[positions].float()[:, None]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
