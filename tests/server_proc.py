@@ -1,0 +1,74 @@
+"""Start the real server (`python -m sgl.launch_server`) as a subprocess for tests.
+
+Used by the tests/test_server_*.py modules, each through one module-scoped fixture.
+The server binds a free loopback port; its stderr (including the JSON access log) goes
+to a file the tests can read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import httpx
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProc:
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+    api_key: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_server(*extra: str, api_key: str | None = None, timeout: float = 300) -> ServerProc:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="sgl-server-", suffix=".log", delete=False)
+    args = [sys.executable, "-m", "sgl.launch_server", "--host", "127.0.0.1", "--port", str(port), *extra]
+    if api_key:
+        args += ["--api-key", api_key]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    srv = ServerProc(proc, f"http://127.0.0.1:{port}", log.name, api_key)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{srv.log()[-4000:]}")
+        try:
+            if httpx.get(srv.url + "/health", timeout=2).status_code == 200:
+                return srv
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    srv.stop()
+    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{srv.log()[-4000:]}")
