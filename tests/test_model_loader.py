@@ -13,9 +13,6 @@ from sgl.runtime.models import loader
 from sgl.runtime.models.gguf_convert import _unpermute
 from sgl.runtime.models.loader import embedded_gguf_path, load_model
 
-pytestmark = pytest.mark.model
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("sglcache"))
@@ -26,6 +23,7 @@ def loaded(cache):
     return load_model(cache_dir=cache, dtype="float32")
 
 
+@pytest.mark.model
 def test_converted_folder_and_config(loaded, cache):
     d = loaded.hf_dir
     assert str(d).startswith(cache)
@@ -44,6 +42,7 @@ def test_converted_folder_and_config(loaded, cache):
     assert p.dtype == torch.float32
 
 
+@pytest.mark.model
 def test_second_load_hits_cache(loaded, cache, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("converted again despite a cache")
@@ -64,6 +63,7 @@ def test_second_load_hits_cache(loaded, cache, monkeypatch):
     assert not [p for p in loaded.hf_dir.parent.iterdir() if ".tmp-" in p.name]
 
 
+@pytest.mark.model
 def test_tokenizer_round_trip_and_specials(loaded):
     tok = loaded.tokenizer
     text = "Hello, world! 2024 naïve café\n\tindented   spaces 😀"
@@ -80,6 +80,7 @@ def test_tokenizer_round_trip_and_specials(loaded):
     assert tok.encode("hi")[0] != 1
 
 
+@pytest.mark.model
 def test_chat_template_renders_chatml(loaded):
     assert loaded.chat_template and "<|im_start|>" in loaded.chat_template
     msgs = [{"role": "user", "content": "Hi"}]
@@ -104,3 +105,32 @@ def test_bad_paths_raise(tmp_path):
         load_model(str(tmp_path / "nope"))
     with pytest.raises(ValueError):
         load_model(str(tmp_path))  # a folder without config.json
+
+
+def test_concurrent_convert_loser_keeps_winner(tmp_path, monkeypatch):
+    """Two starts convert at once: the slower rename loses, keeps the winner's folder."""
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF")
+    cache = tmp_path / "cache"
+    final = loader.gguf_cache_dir(fake, str(cache))
+
+    def racing_convert(src, out):
+        (out / "config.json").write_text('{"mine": "loser"}')
+        final.mkdir(parents=True)  # the other process finished first
+        (final / "config.json").write_text('{"mine": "winner"}')
+
+    monkeypatch.setattr(loader, "convert_gguf_to_hf", racing_convert)
+    got = loader.ensure_hf_from_gguf(fake, str(cache))
+    assert got == final and json.loads((final / "config.json").read_text()) == {"mine": "winner"}
+    assert [p.name for p in final.parent.iterdir()] == [final.name]  # temp folder cleaned up
+    # A failing conversion leaves nothing behind and raises.
+    other = tmp_path / "n.gguf"
+    other.write_bytes(b"GGUF")
+
+    def failing(src, out):
+        raise ValueError("bad file")
+
+    monkeypatch.setattr(loader, "convert_gguf_to_hf", failing)
+    with pytest.raises(ValueError):
+        loader.ensure_hf_from_gguf(other, str(cache))
+    assert [p.name for p in final.parent.iterdir()] == [final.name]

@@ -81,8 +81,20 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> tuple[PreTrainedTokeni
 
 
 def load_tokenizer(hf_dir: str | Path) -> PreTrainedTokenizerFast:
-    """Load the fast tokenizer saved in a Hugging Face folder (tokenizer.json required)."""
+    """Load the fast tokenizer of a Hugging Face folder.
+
+    tokenizer.json is read directly; otherwise transformers may still build a fast
+    tokenizer from vocab.json+merges.txt or tokenizer.model (conversion, slower).
+    """
     hf_dir = Path(hf_dir)
-    if not (hf_dir / "tokenizer.json").exists():
-        raise ValueError(f"{hf_dir} has no tokenizer.json; only fast (Rust) tokenizers are supported")
-    return PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+    if (hf_dir / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(hf_dir), use_fast=True)
+    except Exception as e:  # transformers raises many types here; one message for users
+        raise ValueError(f"{hf_dir} has no usable tokenizer (add tokenizer.json): {e}") from e
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"{hf_dir}: only fast (Rust) tokenizers are supported; add tokenizer.json")
+    return tok
