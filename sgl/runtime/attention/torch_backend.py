@@ -24,7 +24,8 @@ class TorchAttentionBackend:
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
         self._decode_meta: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._extend_meta: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
+        # (start in T, extend_len, slots of the whole sequence, mask or None, is_causal)
+        self._extend_meta: list[tuple[int, int, torch.Tensor, torch.Tensor | None, bool]] = []
 
     def init_forward(self, batch: ForwardBatch) -> None:
         """Precompute the slot indices and masks shared by every layer of this step."""
@@ -42,10 +43,12 @@ class TorchAttentionBackend:
         for i, (p, e) in enumerate(zip(batch.prefix_lens_cpu, batch.extend_lens_cpu)):
             slots = rows[i, : p + e]
             mask = None
-            if e > 1:  # e == 1 sees everything; otherwise causal, shifted by the prefix
+            # e == 1 sees everything; no prefix is plain causal (SDPA's fast path);
+            # otherwise causal shifted right by the prefix, which is_causal cannot express.
+            if e > 1 and p > 0:
                 q_pos = torch.arange(p, p + e, device=rows.device)[:, None]
                 mask = torch.arange(p + e, device=rows.device)[None, :] <= q_pos
-            self._extend_meta.append((start, e, slots, mask))
+            self._extend_meta.append((start, e, slots, mask, e > 1 and p == 0))
             start += e
 
     def forward(
@@ -63,11 +66,11 @@ class TorchAttentionBackend:
         if self._decode_meta is not None:
             return self._decode(q, k_buf, v_buf, *self._decode_meta)
         out = torch.empty_like(q)
-        for start, e, slots, mask in self._extend_meta:
+        for start, e, slots, mask, causal in self._extend_meta:
             qi = q[start : start + e].transpose(0, 1)  # [H, e, D]
             ki = k_buf[slots].transpose(0, 1)  # [KV, S, D]
             vi = v_buf[slots].transpose(0, 1)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=causal, enable_gqa=True)
             out[start : start + e] = oi.transpose(0, 1)
         return out
 
