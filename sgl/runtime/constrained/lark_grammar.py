@@ -69,7 +69,7 @@ class CompiledLark:
         self._feed_memo: dict[tuple[Stack, str], Stack | None] = {}
         self._accepts_memo: dict[Stack, tuple[Cands, bool]] = {}
         self._walk_memo: _LRU = _LRU(512)
-        self._mask_memo: _LRU = _LRU(4096)
+        self._mask_memo: _LRU = _LRU(1024)  # 49 KB each at a 49k vocab
         ids, lens, mat = tok.byte_table()
         self._ids, self._lens, self._mat = ids, lens, mat
         self._initial: State = (self.start_stack, self.start_cands(self.start_stack), True)
