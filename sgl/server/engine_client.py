@@ -98,6 +98,12 @@ def finish_of(chunk: dict[str, Any]) -> dict[str, Any] | None:
     return fr if fr else None
 
 
+def abort_error(message: str) -> APIError:
+    """A 400 for an engine abort; grammar compile failures name their constraint field."""
+    m = re.match(r"invalid (regex|json_schema|ebnf|lark|choices)\b", message)
+    return bad_request(message, m.group(1) if m else None)
+
+
 def abort_message(chunk: dict[str, Any]) -> str | None:
     fr = finish_of(chunk)
     if isinstance(fr, dict) and fr.get("type") == "abort":
@@ -204,7 +210,7 @@ class EngineClient:
         for o in outs:
             msg = abort_message(o)
             if msg is not None:
-                raise bad_request(msg)
+                raise abort_error(msg)
         for o in outs:
             self.metrics.observe_generation(meta_of(o), time.perf_counter() - t0, None)
         return out
@@ -259,7 +265,7 @@ class EngineClient:
         msg = abort_message(first)
         if msg is not None:
             self.active.pop(g.rid, None)
-            raise bad_request(msg)
+            raise abort_error(msg)
         return StreamHandle(first, it, g.rid, t0, time.perf_counter() - t0, self)
 
     def abort(self, rid: str) -> None:
