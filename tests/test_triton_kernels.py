@@ -43,18 +43,33 @@ else:
 
 @pytest.fixture(autouse=True)
 def _skip_in_process_when_stale(request: pytest.FixtureRequest) -> None:
-    if STALE and request.node.name != "test_kernels_in_fresh_interpreter_process":
+    if STALE and not request.node.name.startswith("test_subprocess_"):
         pytest.skip("triton was imported before TRITON_INTERPRET=1; covered by the subprocess test")
 
 
 @pytest.mark.skipif(not STALE, reason="runs only when triton was imported in compiled mode on a CPU-only box")
-def test_kernels_in_fresh_interpreter_process() -> None:
+def test_subprocess_kernels_in_fresh_interpreter() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_subprocess_", __file__],
         env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_subprocess_kernels_compile_for_sm90(tmp_path: Path) -> None:
+    """The real compiler (not the interpreter) accepts every kernel, down to a cubin."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip("triton's bundled ptxas is missing")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sgl.runtime.kernels.aot_check", "90"],
+        env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("compiled") == 8
 
 
 # fp32 kernels match the fp32 reference to rounding; bf16 outputs are rounded to bf16
