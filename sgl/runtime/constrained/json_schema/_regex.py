@@ -1,0 +1,135 @@
+"""Small regex-building helpers shared by the JSON Schema converter.
+
+A fragment is a regex string, or `NEVER` (None) for "matches nothing": outlines-core
+has no empty-language regex, so impossible branches (a recursion cut off at its depth
+bound, an empty enum intersection) are pruned while building instead. The emitted
+dialect is the common subset of Python `re` and Rust `regex` (what outlines-core
+compiles), so tests can check our output with `re.fullmatch`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Optional
+
+Frag = Optional[str]
+NEVER: Frag = None
+
+MAX_CODEPOINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+
+# One character of a JSON string body, any spelling (raw, short escape, \uXXXX).
+ANY_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+# One *decoded* character per match, so counting matches counts characters:
+# \u escapes outside the surrogate block, or a full surrogate pair.
+COUNTED_CHAR = (
+    r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]'
+    r"|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+STRING = '"' + ANY_CHAR + '*"'
+INTEGER = r"-?(?:0|[1-9][0-9]*)"
+NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+BOOLEAN = "(?:true|false)"
+NULL = "null"
+
+_META = set(".^$|?*+()[]{}\\-&~#")
+
+
+def esc_char(cp: int) -> str:
+    """Spell one code point so both Python `re` and Rust `regex` read it literally."""
+    c = chr(cp)
+    if c.isascii() and c.isalnum():
+        return c
+    if cp < 0x80:
+        if c in _META or cp < 0x20 or cp == 0x7F or c in "\"'/<>`":
+            return "\\x%02x" % cp
+        return c
+    if cp <= 0xFFFF:
+        return "\\u%04x" % cp
+    return "\\U%08x" % cp
+
+
+def literal(text: str) -> str:
+    """A regex matching exactly `text` (raw bytes of already-encoded JSON)."""
+    return "".join(esc_char(ord(c)) for c in text)
+
+
+def json_literal(value: object) -> str:
+    """A regex matching the compact canonical JSON serialization of `value`."""
+    return literal(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def group(frag: str) -> str:
+    return "(?:" + frag + ")"
+
+
+def alt(frags: Iterable[Frag]) -> Frag:
+    kept: list[str] = []
+    for f in frags:
+        if f is not None and f not in kept:
+            kept.append(f)
+    if not kept:
+        return NEVER
+    if len(kept) == 1:
+        return kept[0]
+    return group("|".join(kept))
+
+
+def seq(*frags: Frag) -> Frag:
+    if any(f is None for f in frags):
+        return NEVER
+    return "".join(frags)  # type: ignore[arg-type]
+
+
+def opt(frag: Frag) -> str:
+    if frag is None or frag == "":
+        return ""
+    return group(frag) + "?"
+
+
+def repeat(frag: Frag, lo: int, hi: Optional[int]) -> Frag:
+    """`frag` repeated lo..hi times (hi None = unbounded); NEVER allows only zero."""
+    if frag is None:
+        return "" if lo == 0 else NEVER
+    if hi is not None and hi < lo:
+        return NEVER
+    if hi == 0:
+        return ""
+    g = group(frag)
+    if hi is None:
+        if lo == 0:
+            return g + "*"
+        if lo == 1:
+            return g + "+"
+        return g + "{%d,}" % lo
+    if lo == hi:
+        return g if lo == 1 else g + "{%d}" % lo
+    if lo == 0 and hi == 1:
+        return g + "?"
+    return g + "{%d,%d}" % (lo, hi)
+
+
+def char_class(ranges: list[tuple[int, int]]) -> Frag:
+    """A class matching code points in `ranges` (surrogates dropped); NEVER if empty."""
+    parts = []
+    for lo, hi in ranges:
+        for a, b in _minus_surrogates(lo, hi):
+            parts.append(esc_char(a) if a == b else esc_char(a) + "-" + esc_char(b))
+    if not parts:
+        return NEVER
+    if len(parts) == 1 and "-" not in parts[0][1:]:
+        return parts[0]
+    return "[" + "".join(parts) + "]"
+
+
+def _minus_surrogates(lo: int, hi: int) -> list[tuple[int, int]]:
+    s0, s1 = SURROGATES
+    if hi < s0 or lo > s1:
+        return [(lo, hi)]
+    out = []
+    if lo < s0:
+        out.append((lo, s0 - 1))
+    if hi > s1:
+        out.append((s1 + 1, hi))
+    return out

@@ -1,0 +1,49 @@
+"""Conversion state shared by the per-type builders: options, the root document for
+`$ref` lookups, the current JSON pointer, the recursion stack, and the strict/relaxed
+policy for keywords we cannot enforce."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgl.runtime.constrained.base import GrammarError
+
+# Bounded counting is what makes outlines-core's DFA explode (its unanchored start
+# state tracks every possible restart). Bounds above this are "cannot enforce".
+MAX_COUNT = 64
+# How many times one $ref may be open on the expansion stack (recursive schemas).
+MAX_REF_DEPTH = 2
+# Nesting depth of values left unconstrained by the schema ({} / true).
+ANY_VALUE_DEPTH = 2
+
+
+class UnsupportedSchemaError(GrammarError):
+    """A JSON Schema keyword (or value) the converter cannot enforce exactly."""
+
+    def __init__(self, keyword: str, pointer: str, detail: str = "") -> None:
+        self.keyword = keyword
+        self.pointer = pointer or "/"
+        msg = f"JSON Schema keyword {keyword!r} at {self.pointer} cannot be enforced"
+        super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+@dataclass
+class Context:
+    root: Any
+    ws: str = ""
+    strict: bool = True
+    ref_stack: list[str] = field(default_factory=list)
+    path: list[str] = field(default_factory=list)
+
+    @property
+    def pointer(self) -> str:
+        return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in self.path)
+
+    def unsupported(self, keyword: str, detail: str = "") -> None:
+        """Raise in strict mode; in relaxed mode warn and let the caller drop it."""
+        err = UnsupportedSchemaError(keyword, self.pointer, detail)
+        if self.strict:
+            raise err
+        warnings.warn(f"{err} (ignored in relaxed mode)", stacklevel=3)

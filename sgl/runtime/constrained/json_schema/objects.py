@@ -1,0 +1,140 @@
+"""Object schemas: declared properties in declared order (required ones always,
+optional ones maybe), then any additional members the schema allows.
+
+Commas are placed by building the member list right to left with two tails: one for
+"a member was already written" (every next member needs a leading comma) and one for
+"nothing written yet". Additional members come last; their keys must differ from every
+declared name, which `key_not_in` spells as a trie complement over decoded characters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jsonschema
+
+from ._regex import ANY_CHAR, STRING, Frag, NEVER, alt, group
+from .charsets import complement, encode_literal, encode_set
+from .combinators import merge
+from .context import Context
+from .patterns import PatternUnsupported, translate
+
+Convert = Callable[[Any, Context], Frag]
+
+
+def key_not_in(names: list[str]) -> str:
+    """A JSON string (with quotes) whose decoded value is none of `names`."""
+    trie: dict = {}
+    for n in names:
+        node = trie
+        for ch in n:
+            node = node.setdefault(ch, {})
+        node["$end"] = True
+
+    def walk(node: dict) -> str:
+        kids = sorted(k for k in node if k != "$end")
+        parts = [] if node.get("$end") else [""]
+        other = encode_set(complement([(ord(k), ord(k)) for k in kids]))
+        if other is not None:
+            parts.append(other + ANY_CHAR + "*")
+        for k in kids:
+            parts.append(encode_literal(k) + walk(node[k]))
+        return alt(parts) or ""
+
+    return '"' + walk(trie) + '"'
+
+
+def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag:
+    ws = ctx.ws
+    props: dict[str, Any] = dict(schema.get("properties") or {})
+    required = [r for r in schema.get("required") or [] if isinstance(r, str)]
+    for name in required:
+        props.setdefault(name, True)
+    for kw in ("dependencies", "dependentRequired", "dependentSchemas",
+               "unevaluatedProperties"):
+        if kw in schema:
+            ctx.unsupported(kw)
+    members: list[tuple[str, bool]] = []
+    for name, sub in props.items():
+        ctx.path += ["properties", name]
+        value = convert(sub, ctx)
+        ctx.path[-2:] = []
+        is_req = name in required
+        if value is None:
+            if is_req:
+                return NEVER
+            continue
+        key = '"' + encode_literal(name) + '"'
+        members.append((key + ws + ":" + ws + value, is_req))
+    extra = _extra_member(schema, list(props), ctx, convert)
+    _check_counts(schema, required, len(members), extra is not None, ctx)
+    comma = ws + "," + ws
+    if extra is not None:
+        tail_t = group(comma + extra) + "*"
+        tail_f = group(extra + group(comma + extra) + "*") + "?"
+    else:
+        tail_t, tail_f = "", ""
+    for member, is_req in reversed(members):
+        if is_req:
+            tail_t, tail_f = comma + member + tail_t, member + tail_t
+        else:
+            tail_t, tail_f = group(comma + member) + "?" + tail_t, alt(
+                [member + tail_t, tail_f if tail_f else ""]) or ""
+    return r"\{" + ws + tail_f + ws + r"\}"
+
+
+def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Convert) -> Frag:
+    additional = schema.get("additionalProperties", True)
+    patterns = schema.get("patternProperties") or {}
+    if additional is False and not patterns:
+        return None
+    value_schema: Any = True if additional is False else additional
+    for sub in patterns.values():
+        value_schema = merge(value_schema, sub, ctx)
+    if additional is False:
+        bodies = []
+        for pat in patterns:
+            try:
+                body, _ = translate(pat)
+            except PatternUnsupported as e:
+                ctx.unsupported("patternProperties", f"{pat!r}: {e}")
+                return None
+            if any(jsonschema_search(pat, n) for n in declared):
+                ctx.unsupported("patternProperties", f"{pat!r} also matches a declared name")
+                return None
+            bodies.append(body)
+        body = alt(bodies)
+        if body is None:
+            return None
+        key = '"' + body + '"'
+    else:
+        key = key_not_in(declared) if declared else STRING
+    if "propertyNames" in schema:
+        ctx.unsupported("propertyNames", "with additional properties allowed")
+    ctx.path.append("additionalProperties")
+    value = convert(value_schema, ctx)
+    ctx.path.pop()
+    if value is None:
+        return None
+    return key + ctx.ws + ":" + ctx.ws + value
+
+
+def jsonschema_search(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern, text) is not None
+
+
+def _check_counts(schema: dict, required: list[str], n_members: int, extras: bool,
+                  ctx: Context) -> None:
+    lo = schema.get("minProperties")
+    if lo is not None and lo > len(required):
+        ctx.unsupported("minProperties", f"{lo} > number of required properties")
+    hi = schema.get("maxProperties")
+    if hi is not None and (extras or n_members > hi):
+        ctx.unsupported("maxProperties")
+    names = schema.get("propertyNames")
+    if isinstance(names, dict) and not extras:
+        validator = jsonschema.Draft202012Validator(names)
+        if not all(validator.is_valid(n) for n in (schema.get("properties") or {})):
+            ctx.unsupported("propertyNames", "a declared property name violates it")
