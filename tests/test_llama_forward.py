@@ -118,13 +118,12 @@ def _ragged_vs_alone(model: LlamaForCausalLM, seqs: list[list[int]], atol: float
 
 
 @pytest.mark.model
-def test_real_extend_and_ragged(real32):
+def test_real_extend_matches_prefill(real32):
     tok = real32.tokenizer
     ids = tok.encode("The quick brown fox jumps over the lazy dog while the cat sleeps on the mat", add_special_tokens=False)
     assert len(ids) >= 15
     _extend_vs_prefill(real32.model, ids[:15], atol=1e-4)
-    seqs = [tok.encode(p + " and then some more words follow", add_special_tokens=False) for p in PROMPTS[:3]]
-    _ragged_vs_alone(real32.model, seqs, atol=1e-4)
+    # The ragged mixed batch runs on the tiny model below: same code path, far cheaper.
 
 
 def test_tiny_extend_and_ragged():

@@ -31,12 +31,13 @@ class TorchAttentionBackend:
         """Precompute the slot indices and masks shared by every layer of this step."""
         self._decode_meta = None
         self._extend_meta = []
-        rows = batch.req_to_token[batch.req_pool_indices].long()  # [B, max_context]
+        max_len = max(batch.seq_lens_cpu, default=0)
+        # Only the used columns: the table can be thousands of columns wide.
+        rows = batch.req_to_token[batch.req_pool_indices, :max_len].long()  # [B, max_len]
         if batch.is_decode:
-            max_len = max(batch.seq_lens_cpu)
             valid = torch.arange(max_len, device=rows.device)[None, :] < batch.seq_lens[:, None]
             # Padding lanes read slot 0 (scratch) and are masked out.
-            slots = torch.where(valid, rows[:, :max_len], torch.zeros((), dtype=torch.long, device=rows.device))
+            slots = torch.where(valid, rows, torch.zeros((), dtype=torch.long, device=rows.device))
             self._decode_meta = (slots, valid[:, None, None, :])  # mask [B, 1, 1, L]
             return
         start = 0
