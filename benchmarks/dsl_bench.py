@@ -116,7 +116,7 @@ def main() -> None:
         print(f"{w:10s} {'same answers':24s} {str(same):>12s}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"rows": rows, "radix": radix, "no_radix": plain,
+        json.dump({"args": {"num": args.num, "tot_runs": args.tot_runs}, "rows": rows, "radix": radix, "no_radix": plain,
                    "note": "ratio: no-radix/radix for time and computed tokens, radix/no-radix otherwise"},
                   f, indent=2)
     print(f"wrote {args.out}")
