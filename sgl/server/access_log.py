@@ -63,7 +63,9 @@ class AccessLogMiddleware:
             # 499 (nginx's "client closed request") when no response ever started.
             status = status or 499
             route = scope.get("route")
-            path_label = getattr(route, "path", None) or "unmatched"
+            # Label by route template; unknown paths (404s) share one label so that
+            # scanners cannot blow up the metric's cardinality.
+            path_label = getattr(route, "path", None) or (scope.get("path") if status != 404 else "unmatched")
             self.metrics.observe_http(path_label, status)
             line = {
                 "ts": round(time.time(), 3),

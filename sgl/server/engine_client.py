@@ -111,6 +111,21 @@ def abort_message(chunk: dict[str, Any]) -> str | None:
     return None
 
 
+def split_n(g: GenInput) -> list[GenInput]:
+    """One engine stream per sample, seeds offset so that seeded samples differ."""
+    n = int(g.sampling.get("n", 1))
+    if n == 1:
+        return [g]
+    out = []
+    for j in range(n):
+        sp = dict(g.sampling, n=1)
+        if sp.get("seed") is not None:
+            sp["seed"] = sp["seed"] + j
+        out.append(GenInput(g.text, g.input_ids, sp, f"{g.rid}-{j}", g.return_logprob, g.logprob_start_len,
+                            g.top_logprobs_num, g.num_prompt_tokens))
+    return out
+
+
 class EngineClient:
     """Wraps one engine for the HTTP layer; see the module docstring."""
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, ConfigDict, Field
 
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import EngineClient, GenInput, StreamHandle, abort_message, new_rid
+from sgl.server.engine_client import EngineClient, GenInput, StreamHandle, abort_message, new_rid, split_n
 from sgl.server.errors import APIError, bad_request, error_body
 from sgl.server.sse import DONE, guarded_stream, merge_streams, sse
 
@@ -65,8 +65,15 @@ def _per_item(value: Any, n: int, name: str, default: Any) -> list[Any]:
     return [default if value is None else value] * n
 
 
+_UNSUPPORTED_FIELDS = ("image_data", "video_data", "audio_data", "lora_path", "session_params")
+
+
 def _build_inputs(req: GenerateRequest, client: EngineClient) -> tuple[list[GenInput], bool, int]:
     """Validate and expand a /generate body into engine inputs; returns (gens, is_batch, n)."""
+    for name in _UNSUPPORTED_FIELDS:
+        value = (req.model_extra or {}).get(name)
+        if value and (not isinstance(value, list) or any(v is not None for v in value)):
+            raise bad_request(f"{name} is not supported by this server (text-only, no LoRA)", name)
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("give exactly one of text or input_ids", "text")
     if req.text is not None:
@@ -116,21 +123,6 @@ def _build_inputs(req: GenerateRequest, client: EngineClient) -> tuple[list[GenI
     if len(set(g.rid for g in gens)) != len(gens):
         raise bad_request("rid values must be unique", "rid")
     return gens, is_batch, n_each
-
-
-def _split_n(g: GenInput) -> list[GenInput]:
-    """One engine stream per sample, seeds offset so that seeded samples differ."""
-    n = int(g.sampling.get("n", 1))
-    if n == 1:
-        return [g]
-    out = []
-    for j in range(n):
-        sp = dict(g.sampling, n=1)
-        if sp.get("seed") is not None:
-            sp["seed"] = sp["seed"] + j
-        out.append(GenInput(g.text, g.input_ids, sp, f"{g.rid}-{j}", g.return_logprob, g.logprob_start_len,
-                            g.top_logprobs_num, g.num_prompt_tokens))
-    return out
 
 
 def format_logprob_list(client: EngineClient, entries: Any, with_text: bool) -> list[Any] | None:
@@ -190,7 +182,7 @@ async def generate(req: GenerateRequest, request: Request) -> Response:
 
 async def _stream_generate(request: Request, client: EngineClient, gens: list[GenInput], tagged: bool,
                            with_text: bool, t0: float) -> Response:
-    subs = [s for g in gens for s in _split_n(g)]
+    subs = [s for g in gens for s in split_n(g)]
     handles: list[StreamHandle] = []
     try:
         for s in subs:
@@ -252,7 +244,10 @@ async def get_model_info(request: Request) -> dict[str, Any]:
 async def get_server_info(request: Request) -> dict[str, Any]:
     st = request.app.state
     info = await asyncio.to_thread(st.engine.get_server_info)
-    return {**st.server_args, **info, "version": st.version}
+    out = {**st.server_args, **info, "version": st.version}
+    if out.get("max_total_tokens") is None:
+        out["max_total_tokens"] = getattr(st.engine, "max_total_tokens", info.get("kv_total_tokens"))
+    return out
 
 
 @router.get("/health")

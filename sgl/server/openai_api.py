@@ -10,6 +10,7 @@ request is its own engine stream; non-streamed n > 1 uses the engine's n (shared
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -19,11 +20,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sgl.server import tool_calls
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import EngineClient, GenInput, StreamHandle, abort_message, finish_of, meta_of, new_rid
+from sgl.server.engine_client import (EngineClient, GenInput, StreamHandle, abort_message, finish_of, meta_of, new_rid,
+                                     split_n)
 from sgl.server.errors import APIError, bad_request, error_body
-from sgl.server.openai_protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, _Sampling
+from sgl.server.openai_protocol import CompletionRequest, ResponseFormat, _Sampling
 from sgl.server.sse import DONE, guarded_stream, merge_streams, sse
 
 router = APIRouter(prefix="/v1")
@@ -59,8 +60,6 @@ def _response_format_schema(rf: ResponseFormat | None) -> str | None:
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise bad_request("response_format.json_schema.schema is required for type json_schema",
                           "response_format.json_schema")
-    import json
-
     return json.dumps(rf.json_schema.schema_)
 
 
@@ -86,12 +85,6 @@ def sampling_from(req: _Sampling, client: EngineClient, max_new_tokens: int, jso
         raise bad_request(f"min_tokens ({d['min_new_tokens']}) must be <= max_tokens ({max_new_tokens})",
                           "min_tokens")
     return client.clean_sampling(d, "")
-
-
-def _split(g: GenInput) -> list[GenInput]:
-    from sgl.server.native_api import _split_n
-
-    return _split_n(g)
 
 
 def _finish(fr: Any) -> tuple[str | None, Any]:
@@ -213,7 +206,7 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
         return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model,
                              "choices": choices, "usage": _usage_of(metas)})
 
-    subs = [(pi, s) for pi, g in enumerate(gens) for s in _split(g)]
+    subs = [(pi, s) for pi, g in enumerate(gens) for s in split_n(g)]
 
     def frame(choices: list[dict[str, Any]], usage: Any = None, with_usage_key: bool = False) -> bytes:
         body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,

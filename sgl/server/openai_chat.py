@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response
 
 from sgl.server import tool_calls
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import EngineClient, GenInput, finish_of, meta_of, new_rid
+from sgl.server.engine_client import EngineClient, GenInput, finish_of, meta_of, new_rid, split_n
 from sgl.server.errors import bad_request
-from sgl.server.openai_api import (_client, _finish, _response_format_schema, _split, _stream, _usage_of,
+from sgl.server.openai_api import (_client, _finish, _response_format_schema, _stream, _usage_of,
                                    chat_logprobs, check_model, router, sampling_from)
 from sgl.server.openai_protocol import ChatCompletionRequest
 from sgl.server.sse import sse
@@ -76,16 +76,15 @@ class _ToolPlan:
         return text, []
 
 
-def _build_prompt(req: ChatCompletionRequest, client: EngineClient, plan: _ToolPlan, engine: Any) -> str:
+def _build_prompt(req: ChatCompletionRequest, plan: _ToolPlan, engine: Any) -> str:
+    # Tools go into the system message rather than the template's `tools` variable: few
+    # templates (SmolLM2's included) render tools, and this way every model sees them.
     messages = _messages(req)
-    template_tools = None
     if plan.mode != "none":
         messages = _with_system(messages, tool_calls.describe_tools(plan.tools, auto=plan.mode == "auto"))
     add_gen = not (req.continue_final_message and messages[-1]["role"] == "assistant")
     try:
-        return engine.apply_chat_template(messages, add_generation_prompt=add_gen, tools=template_tools)
-    except (ValueError, TypeError, KeyError) as e:
-        raise bad_request(f"messages could not be rendered with the chat template: {e}", "messages") from None
+        return engine.apply_chat_template(messages, add_generation_prompt=add_gen)
     except Exception as e:  # jinja2 TemplateError (e.g. raise_exception in the template)
         raise bad_request(f"messages could not be rendered with the chat template: {e}", "messages") from None
 
@@ -96,7 +95,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     engine = request.app.state.engine
     model = check_model(request, req.model)
     plan = _ToolPlan(req)
-    prompt = _build_prompt(req, client, plan, engine)
+    prompt = _build_prompt(req, plan, engine)
     num = client.count_tokens(prompt)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -139,7 +138,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
                              "system_fingerprint": None})
 
     buffered = plan.mode != "none"
-    subs = _split(g)
+    subs = split_n(g)
 
     def frame(choices: list[dict[str, Any]], usage: Any = None, with_usage_key: bool = False) -> bytes:
         body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
