@@ -122,6 +122,8 @@ BAD_REQUESTS = [
     ("/generate", {"input_ids": [1, 2, 10**9]}, "input_ids"),
     ("/generate", {"input_ids": []}, "input_ids"),
     ("/generate", {"text": "hello " * (CTX + 10)}, "context length"),
+    ("/generate", {"text": "hello " * 500_000}, "context length"),
+    ("/generate", b'{"text": "' + b"x" * (33 * 1024 * 1024) + b'"}', "exceeds the limit"),
     ("/generate", {"text": "hi", "sampling_params": {"regex": "(("}}, "regex"),
     ("/generate", {"text": "hi", "sampling_params": {"json_schema": "{not json"}}, "json_schema"),
     ("/generate", {"text": "hi", "sampling_params": {"json_schema": '{"type": 5}'}}, "json_schema"),

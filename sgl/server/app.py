@@ -21,12 +21,15 @@ from sgl.server import native_api, openai_api, openai_chat  # noqa: F401 - opena
 from sgl.server.access_log import AccessLogMiddleware
 from sgl.server.auth import ApiKeyMiddleware
 from sgl.server.engine_client import EngineClient
-from sgl.server.errors import install_error_handlers
+from sgl.server.errors import APIError, error_response, install_error_handlers
 from sgl.server.metrics import CONTENT_TYPE, Metrics
 
 logger = logging.getLogger("sgl.server")
 
 __version__ = "0.1.0"
+
+# Far above any prompt that fits a context window; stops memory blow-ups from huge bodies.
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def create_app(engine: Any, *, served_model_name: str | None = None, api_key: str | None = None,
@@ -93,6 +96,11 @@ class _JsonBodyMiddleware:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST":
+            length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > MAX_BODY_BYTES:
+                await error_response(APIError(f"request body of {int(length)} bytes exceeds the limit of "
+                                              f"{MAX_BODY_BYTES} bytes", 413))(scope, receive, send)
+                return
             headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
             ctype = dict(scope.get("headers") or []).get(b"content-type", b"")
             if b"json" not in ctype:

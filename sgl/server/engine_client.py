@@ -38,6 +38,7 @@ logger = logging.getLogger("sgl.server")
 _IGNORED_SAMPLING_KEYS = ("stream_interval", "custom_params")
 _MAX_TOP_LOGPROBS = 64
 _SEED_MOD = 2**63
+TOO_LONG = 2**62  # token count standing for "longer than any context"
 
 
 def new_rid(prefix: str = "") -> str:
@@ -136,6 +137,9 @@ class EngineClient:
         self.tokenizer = engine.tokenizer
         self.vocab_size = len(self.tokenizer)
         self.context_length = int(getattr(engine, "context_length", None) or 2048)
+        # No token decodes to more than this many characters (byte-level BPE strings are at
+        # least as long as their text), so longer texts exceed the context without tokenizing.
+        self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=64) + 1
 
     # ---- validation -------------------------------------------------------------------
 
@@ -175,6 +179,8 @@ class EngineClient:
         return d
 
     def count_tokens(self, text: str) -> int:
+        if len(text) > self.max_token_chars * self.context_length:
+            return TOO_LONG  # surely too long; skip tokenizing megabytes on the event loop
         return len(self.tokenizer.encode(text))  # as the engine tokenizes
 
     def check_ids(self, ids: Any, param: str) -> list[int]:
@@ -193,6 +199,9 @@ class EngineClient:
         ctx = self.context_length
         if num_prompt_tokens <= 0:
             raise bad_request(f"{prompt_param} is empty", prompt_param)
+        if num_prompt_tokens == TOO_LONG:
+            raise bad_request(f"{prompt_param} is far longer than the model's context length of {ctx} tokens",
+                              prompt_param)
         if num_prompt_tokens >= ctx:
             raise bad_request(f"{prompt_param} has {num_prompt_tokens} tokens, which does not fit the model's "
                               f"context length of {ctx} tokens", prompt_param)
