@@ -215,3 +215,21 @@ def test_sglang_runtime_endpoint(srv):
     assert "Paris" in out["answer"]
     assert out["city"] == "Paris"
     assert re.fullmatch(r"1[89][0-9]{2}", out["year"])
+
+
+def test_sgl_runtime_endpoint_chat(srv):
+    # sgl's own DSL over HTTP: the chat template comes from /get_model_info.
+    import sgl
+
+    backend = sgl.RuntimeEndpoint(srv.url, api_key=KEY)
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("What is the capital of France? Answer in one word.")
+        s += sgl.assistant(sgl.gen("ans", max_tokens=8, temperature=0))
+        s += sgl.user("Pick a letter.")
+        s += sgl.assistant(sgl.select("letter", choices=["A", "B", "C"]))
+
+    st = prog.run(backend=backend)
+    assert "Paris" in st["ans"] and st["letter"] in ("A", "B", "C")
+    assert "<|im_start|>assistant" in st.text()

@@ -232,6 +232,9 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "is_generation": True,
         "context_length": client_of(request).context_length,
         "vocab_size": client_of(request).vocab_size,
+        # Not in SGLang's answer; sgl's own RuntimeEndpoint uses them to format chats.
+        "chat_template": getattr(st.engine, "chat_template", None),
+        "eos_token": getattr(client_of(request).tokenizer, "eos_token", None),
         "preferred_sampling_params": None,
         "weight_version": "default",
         "has_image_understanding": False,

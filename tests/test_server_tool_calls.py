@@ -1,0 +1,60 @@
+"""Tool-call prompts, grammars and parsing (pure functions, no server)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from sgl.server import tool_calls
+from sgl.server.errors import APIError
+
+TOOLS = [
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+    {"type": "function", "function": {"name": "ping"}},
+]
+
+
+def test_parse_auto_extracts_known_calls_and_keeps_text():
+    text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    content, calls = tool_calls.parse_auto(text, TOOLS)
+    assert content == "Let me add."
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "add"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+
+
+@pytest.mark.parametrize("text", ["plain answer", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+                                  "<tool_call>{not json</tool_call>"])
+def test_parse_auto_leaves_non_calls_as_content(text):
+    assert tool_calls.parse_auto(text, TOOLS) == (text, [])
+
+
+def test_forced_named_schema_is_the_parameters():
+    schema, name = tool_calls.constraint_schema(TOOLS, {"type": "function", "function": {"name": "add"}})
+    assert name == "add" and json.loads(schema) == TOOLS[0]["function"]["parameters"]
+    calls = tool_calls.parse_forced('{"a": 3, "b": 4}', name)
+    assert calls[0]["function"]["name"] == "add" and json.loads(calls[0]["function"]["arguments"]) == {"a": 3, "b": 4}
+    with pytest.raises(APIError) as e:
+        tool_calls.constraint_schema(TOOLS, {"type": "function", "function": {"name": "missing"}})
+    assert e.value.param == "tool_choice"
+
+
+def test_required_schema_accepts_exactly_the_tools():
+    schema = json.loads(tool_calls.constraint_schema(TOOLS, "required")[0])
+    jsonschema.validate({"name": "add", "arguments": {"a": 1, "b": 2}}, schema)
+    jsonschema.validate({"name": "ping", "arguments": {}}, schema)
+    for bad in ({"name": "add", "arguments": {"a": 1}}, {"name": "other", "arguments": {}}, {"name": "ping"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    calls = tool_calls.parse_forced('{"name": "ping", "arguments": {}}', None)
+    assert calls[0]["function"] == {"name": "ping", "arguments": "{}"}
+    assert tool_calls.parse_forced("not json", None) == []
+
+
+def test_describe_tools_mentions_every_tool():
+    text = tool_calls.describe_tools(TOOLS, auto=True)
+    assert '"add"' in text and '"ping"' in text and "<tool_call>" in text
+    assert "<tool_call>" not in tool_calls.describe_tools(TOOLS, auto=False)
