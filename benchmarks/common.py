@@ -1,0 +1,66 @@
+"""Benchmark helpers: timing, tables, JSON output, machine bounds (bandwidth, bf16 FLOP/s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def measure_bandwidth_gbs(size_mb: int = 512, reps: int = 5) -> float:
+    """Memory read+write bandwidth of a large copy (the decode bound's denominator)."""
+    a = torch.empty(size_mb * 2**20 // 4, dtype=torch.float32).fill_(1.0)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def measure_bf16_tflops(n: int = 2048, reps: int = 5) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    b = torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    cols = list(rows[0].keys())
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols]
+    print(f"\n## {title}\n")
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths)) + " |")
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    data = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}, **data}
+    path.write_text(json.dumps(data, indent=2))
+    print(f"\nwrote {path}")
+    return path
