@@ -1,0 +1,11 @@
+"""The inference engine: scheduler, KV memory, model, attention, constrained decoding.
+
+OpenMP threads that spin while waiting make bf16 matmuls 10-100x slower as soon as a
+second busy process shares these few cores (a server beside its client, tests beside a
+server). Sleeping waiters cost little when the machine is idle, so it is the default
+here; it only takes effect if set before torch is first imported.
+"""
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -15,5 +15,4 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        self.attn.init_forward(batch)
-        return self.model.forward(batch, self.attn)
+        return self.model.forward(batch, self.attn)  # the model calls attn.init_forward
