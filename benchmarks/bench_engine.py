@@ -23,7 +23,7 @@ from sgl.runtime.engine import Engine  # noqa: E402
 
 FEWSHOT = "\n".join(
     f"Question: What is {a} plus {b}? Think step by step and give the answer as a number.\nAnswer: {a + b}"
-    for a, b in [(i * 7 % 50, i * 13 % 40) for i in range(32)]
+    for a, b in [(i * 7 % 50, i * 13 % 40) for i in range(20)]
 )
 
 

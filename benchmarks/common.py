@@ -8,7 +8,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+# Same OpenMP setting as the engine (sgl/runtime/__init__.py), applied before torch loads so
+# every system measured in this process (ours, transformers) runs under it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
