@@ -79,18 +79,21 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         from .regex_grammar import (CompiledRegex, build_index, choices_to_regex,
                                     json_schema_to_regex)
 
+        if kind == "regex":
+            regex = spec
+        elif kind == "choices":
+            regex = choices_to_regex(json.loads(spec))
+        else:
+            regex = json_schema_to_regex(spec)
+        # The disk entry is keyed by the final regex, not the spec: converting is cheap,
+        # and a changed converter must never be served an index built by the old one.
         disk = _disk() if use_disk else None
-        index = disk.get(key) if disk is not None else None
+        disk_key = cache_key("regex", regex, tok.hash)
+        index = disk.get(disk_key) if disk is not None else None
         if index is None:
-            if kind == "regex":
-                regex = spec
-            elif kind == "choices":
-                regex = choices_to_regex(json.loads(spec))
-            else:
-                regex = json_schema_to_regex(spec)
             index = build_index(regex, tok, kind)
             if disk is not None:
-                disk.put(key, index)
+                disk.put(disk_key, index)
         return CompiledRegex(index, tok, kind)
     from .lark_grammar import CompiledLark
 

@@ -197,9 +197,10 @@ class Scheduler:
         forced = req.grammar.jump_forward_string()
         if not forced or req.output_ids:
             return
-        ids = self.tokenizer.encode(forced, add_special_tokens=False)[: req.params.max_new_tokens]
+        ids = self.tokenizer.encode(forced, add_special_tokens=False)
         if self.tokenizer.decode(ids) != forced:
             return
+        ids = ids[: req.params.max_new_tokens]
         for n, t in enumerate(ids):
             try:
                 req.grammar.accept_token(t)
@@ -211,6 +212,10 @@ class Scheduler:
             req.output_logprobs.extend((float("nan"), t) for t in ids)
             req.output_top_logprobs.extend([None] * len(ids))
         req.jump_forward_tokens += len(ids)
+        if req.grammar.is_terminated():  # the forced text completes the grammar: no forward needed
+            req.finish_reason = {"type": "stop", "matched": ids[-1]}
+        elif len(req.output_ids) >= req.params.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
 
     def _abort(self, rid: str) -> None:
         for lst in (self.grammar_wait, self.waiting, self.prefilling, self.running):
