@@ -117,7 +117,7 @@ def merge(a: Any, b: Any, ctx: Context) -> Any:
             out["allOf"] = list(out.get("allOf", [])) + [{key: bv}]
         elif key == "allOf":
             out[key] = list(av) + list(bv)
-        elif canon(av) != canon(bv) and key not in _ANNOTATIONS:
+        elif canon(av) != canon(bv) and key in _VALIDATION:
             ctx.unsupported(key, "cannot intersect two different values")
     enums = [s for s in (a, b) if "enum" in s or "const" in s]
     if enums:
@@ -133,4 +133,12 @@ _ANNOTATIONS = {
     "$comment", "deprecated", "readOnly", "writeOnly", "definitions", "$defs",
     "contentEncoding", "contentMediaType", "contentSchema", "$anchor", "$vocabulary",
     "markdownDescription",
+}
+
+# Validation keywords whose two differing values we cannot intersect here; any other
+# key (annotations, vendor extensions such as x-*) keeps the first value.
+_VALIDATION = {
+    "pattern", "format", "multipleOf", "uniqueItems", "contains", "not", "if", "then",
+    "else", "dependencies", "dependentRequired", "dependentSchemas", "prefixItems",
+    "unevaluatedProperties", "unevaluatedItems", "nullable",
 }

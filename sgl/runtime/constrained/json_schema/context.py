@@ -15,8 +15,10 @@ from sgl.runtime.constrained.base import GrammarError
 MAX_COUNT = 64
 # How many times one $ref may be open on the expansion stack (recursive schemas).
 MAX_REF_DEPTH = 2
+# Past this much regex text the DFA is too big to index within the compile budget.
+MAX_REGEX_CHARS = 60_000
 # Nesting depth of values left unconstrained by the schema ({} / true).
-ANY_VALUE_DEPTH = 2
+ANY_VALUE_DEPTH = 1
 
 
 class UnsupportedSchemaError(GrammarError):

@@ -15,7 +15,7 @@ from typing import Any
 from ._regex import BOOLEAN, NULL, NUMBER, STRING, Frag, NEVER, alt, group, json_literal
 from .arrays import array_regex
 from .combinators import canon, merge, normalize_bounds, resolve_ref, types_of
-from .context import ANY_VALUE_DEPTH, MAX_REF_DEPTH, Context
+from .context import ANY_VALUE_DEPTH, MAX_REF_DEPTH, MAX_REGEX_CHARS, Context, UnsupportedSchemaError
 from .numbers import int_range, number_range
 from .objects import object_regex
 from .strings import string_regex
@@ -31,6 +31,15 @@ _UNSUPPORTED_ANY = ("not", "if", "then", "else")
 
 
 def convert(schema: Any, ctx: Context) -> Frag:
+    out = _convert(schema, ctx)
+    if out is not None and len(out) > MAX_REGEX_CHARS:
+        # Regex text this large means a DFA outlines-core cannot index in time.
+        raise UnsupportedSchemaError("schema", ctx.pointer,
+                                     f"regex exceeds {MAX_REGEX_CHARS} characters")
+    return out
+
+
+def _convert(schema: Any, ctx: Context) -> Frag:
     if schema is True:
         return any_value(ctx, ANY_VALUE_DEPTH)
     if schema is False:

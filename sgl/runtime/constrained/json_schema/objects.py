@@ -23,7 +23,12 @@ Convert = Callable[[Any, Context], Frag]
 
 
 def key_not_in(names: list[str]) -> str:
-    """A JSON string (with quotes) whose decoded value is none of `names`."""
+    """A JSON string (with quotes) whose decoded value is none of `names`.
+
+    Spelled as (paths ending at a non-name trie node) | (paths leaving the trie) + one
+    shared "rest of string" tail: outlines-core does not minimize its DFA, so a tail
+    copied per trie node would multiply the states it has to index.
+    """
     trie: dict = {}
     for n in names:
         node = trie
@@ -31,17 +36,20 @@ def key_not_in(names: list[str]) -> str:
             node = node.setdefault(ch, {})
         node["$end"] = True
 
-    def walk(node: dict) -> str:
+    def walk(node: dict) -> tuple[Frag, Frag]:
         kids = sorted(k for k in node if k != "$end")
-        parts = [] if node.get("$end") else [""]
-        other = encode_set(complement([(ord(k), ord(k)) for k in kids]))
-        if other is not None:
-            parts.append(other + ANY_CHAR + "*")
+        ends: list[Frag] = [] if node.get("$end") else [""]
+        exits: list[Frag] = [encode_set(complement([(ord(k), ord(k)) for k in kids]))]
         for k in kids:
-            parts.append(encode_literal(k) + walk(node[k]))
-        return alt(parts) or ""
+            e, x = walk(node[k])
+            lit = encode_literal(k)
+            ends.append(None if e is None else lit + e)
+            exits.append(None if x is None else lit + x)
+        return alt(ends), alt(exits)
 
-    return '"' + walk(trie) + '"'
+    ends, exits = walk(trie)
+    body = alt([ends, None if exits is None else exits + ANY_CHAR + "*"])
+    return '"' + (body or "") + '"'
 
 
 def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag:
