@@ -20,6 +20,7 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
+from sgl.runtime.models.cpu_linear import linear, pack_weight
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -76,6 +77,12 @@ class DecoderLayer(nn.Module):
         self.o_bias = _param(c.hidden_size, dtype=dtype) if c.o_proj_bias else None
         self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
         self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
+        self.packed: dict[str, torch.Tensor | None] = {}
+
+    def prepack(self) -> None:
+        """Pack the projection weights for fast small-batch matmuls (see cpu_linear)."""
+        for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+            self.packed[name] = pack_weight(getattr(self, name))
 
     def forward(
         self,
@@ -87,16 +94,17 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         h, kv, d = self.h, self.kv, self.d
-        qkv = F.linear(self.input_layernorm(x), self.qkv_weight, self.qkv_bias)
+        pk = self.packed
+        qkv = linear(self.input_layernorm(x), self.qkv_weight, pk.get("qkv_weight"), self.qkv_bias)
         # q and k heads are contiguous in the fused output: rotate them in one go.
         qk = qkv[:, : (h + kv) * d].view(t, h + kv, d)
         x1, x2 = qk[..., : d // 2], qk[..., d // 2 :]
         qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         v = qkv[:, (h + kv) * d :].view(t, kv, d)
         o = attn.forward(qk[:, :h], qk[:, h:], v, self.layer_id, batch)
-        x = x + F.linear(o.reshape(t, h * d), self.o_weight, self.o_bias)
-        gate, up = F.linear(self.post_attention_layernorm(x), self.gate_up_weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight)
+        x = x + linear(o.reshape(t, h * d), self.o_weight, pk.get("o_weight"), self.o_bias)
+        gate, up = linear(self.post_attention_layernorm(x), self.gate_up_weight, pk.get("gate_up_weight")).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_weight, pk.get("down_weight"))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -112,6 +120,13 @@ class LlamaForCausalLM(nn.Module):
         # Cached in the model dtype: HF also casts cos/sin to the activation dtype.
         self.register_buffer("rope_cos", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("rope_sin", freqs.sin().to(dtype), persistent=False)
+        self.packed_head: torch.Tensor | None = None
+
+    def prepack(self) -> None:
+        """Pack weights for fast decode on the CPU; call after the weights are loaded."""
+        for layer in self.layers:
+            layer.prepack()
+        self.packed_head = pack_weight(self.embed_tokens if self.lm_head is None else self.lm_head)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
@@ -124,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, batch, attn)
         x = self.norm(x[batch.logits_indices])
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(x, head).float()
+        return linear(x, head, self.packed_head).float()
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; raise on gaps."""

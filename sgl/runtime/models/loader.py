@@ -153,6 +153,7 @@ def load_model(
     model = LlamaForCausalLM(config, torch_dtype)
     load_hf_weights(model, hf_dir)
     model = model.to(device).eval()
+    model.prepack()
     tokenizer = load_tokenizer(hf_dir)
     return LoadedModel(
         model=model,
