@@ -1,10 +1,12 @@
 """Grammar registry: spec -> compiled tables -> fresh matcher, plus the async compiler.
 
 `compile_grammar(kind, spec, tok)` is the one entry point the scheduler and the public
-matcher use. Kinds: "regex", "json_schema", "choices" (all outlines-core Index) and
-"ebnf" (GBNF, translated to Lark), "lark" (our LALR mask engine). Compiled tables are
-cached in memory (LRU) and, for Index-based kinds, on disk; every call returns a new
-matcher at the start state sharing the tables. Backends are imported lazily so that a
+matcher use. Kinds: "regex", "json_schema", "choices" (regex family) and "ebnf" (GBNF,
+translated to Lark), "lark" (our LALR mask engine). The regex family runs on the lazy
+backend (lazy_regex.py: byte DFA, masks per state on demand) unless
+`SGL_REGEX_BACKEND=outlines` asks for a full outlines-core Index. Compiled tables are
+cached in memory (LRU) and, for the regex family, on disk (the byte DFA, or the Index);
+every call returns a new matcher at the start state sharing the tables. Backends are imported lazily so that a
 server that never sees a CFG never imports lark.
 
 `GrammarCompiler` runs compiles on a worker thread so the decode loop keeps going; its
@@ -55,10 +57,24 @@ def normalize_spec(kind: str, spec: Any) -> str:
     return spec
 
 
+def regex_backend() -> str:
+    """"lazy" (default) or "outlines", from SGL_REGEX_BACKEND."""
+    b = os.environ.get("SGL_REGEX_BACKEND", "lazy").lower()
+    if b not in ("lazy", "outlines"):
+        raise GrammarError(f"SGL_REGEX_BACKEND={b!r}: expected 'lazy' or 'outlines'")
+    return b
+
+
+def _memory_key(kind: str, spec_s: str, tok: TokenizerInfo) -> str:
+    # The backend is part of the key so flipping SGL_REGEX_BACKEND never serves the other's tables.
+    tag = f"{kind}@{regex_backend()}" if kind in _INDEX_KINDS else kind
+    return cache_key(tag, spec_s, tok.hash)
+
+
 def compile_tables(kind: str, spec: Any, tok: TokenizerInfo, *, use_cache: bool = True) -> Any:
     """Compiled (shareable) tables for a spec; raises GrammarError for bad specs."""
     spec_s = normalize_spec(kind, spec)
-    key = cache_key(kind, spec_s, tok.hash)
+    key = _memory_key(kind, spec_s, tok)
     if use_cache:
         hit = _memory.get(key)
         if hit is not None:
@@ -88,6 +104,8 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         # The disk entry is keyed by the final regex, not the spec: converting is cheap,
         # and a changed converter must never be served an index built by the old one.
         disk = _disk() if use_disk else None
+        if regex_backend() == "lazy":
+            return _build_lazy(regex, tok, kind, disk)
         disk_key = cache_key("regex", regex, tok.hash)
         index = disk.get(disk_key) if disk is not None else None
         if index is None:
@@ -102,6 +120,21 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
 
         return CompiledLark(gbnf_to_lark(spec), tok, kind="ebnf")
     return CompiledLark(spec, tok, kind="lark")
+
+
+def _build_lazy(regex: str, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
+    from .byte_dfa import ByteDFA
+    from .dfa_build import DFA_VERSION, build_byte_dfa, dfa_engine
+    from .lazy_regex import CompiledLazyRegex
+
+    # A byte DFA does not depend on the vocabulary: one entry serves every tokenizer.
+    disk_key = cache_key(f"{DFA_VERSION}/{dfa_engine()}", regex, "bytes")
+    dfa = disk.get(disk_key) if disk is not None else None
+    if not isinstance(dfa, ByteDFA):
+        dfa = build_byte_dfa(regex, kind)
+        if disk is not None:
+            disk.put(disk_key, dfa)
+    return CompiledLazyRegex(dfa, tok, kind)
 
 
 def clear_memory_cache() -> None:
@@ -129,7 +162,7 @@ class GrammarCompiler:
         out: cf.Future[Grammar] = cf.Future()
         out.set_running_or_notify_cancel()
         try:
-            key = cache_key(kind, normalize_spec(kind, spec), self.tok.hash)
+            key = _memory_key(kind, normalize_spec(kind, spec), self.tok)
         except GrammarError as e:
             out.set_exception(e)
             return out

@@ -1,0 +1,243 @@
+"""Regex-family grammars (regex, JSON Schema, choices) with token masks computed lazily.
+
+Compiling is regex -> trimmed byte-level DFA only (dfa_build.py); nothing is computed
+per vocabulary token up front, so a schema whose DFA has thousands of states compiles
+in milliseconds, where a full outlines-core Index costs ~1-2 ms per state. A state's
+mask is computed the first time a request stands in it: every token's bytes are walked
+through the DFA at once with numpy (`VocabWalker`), a token is allowed iff it is still
+alive after its last byte (the DFA is trimmed, so alive = a match is still reachable),
+and EOS iff the state accepts. Masks are cached per state (bit-packed, LRU bounded) in
+`CompiledLazyRegex`, shared by all matchers; `LazyRegexGrammar` is one request's
+position (a stack of states, so rollback is a pop). Same interface as RegexGrammar.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from .base import GrammarError
+from .byte_dfa import ByteDFA
+from .vocab import TokenizerInfo
+
+_TERMINATED = -1  # pseudo-state pushed when EOS is accepted
+_MAX_FORCED_BYTES = 1024
+_MASK_CACHE_STATES = 2048  # packed masks: ~6 KB each at a 49k vocabulary
+
+
+class VocabWalker:
+    """The vocabulary as a padded byte table, longest tokens first, walked in parallel.
+
+    Because rows are sorted by length, the rows still inside their token at byte k are
+    a prefix [0, ends[k]); the walk keeps an index of rows alive so far and trims it
+    to that prefix at each step, so its cost falls with the surviving set.
+    """
+
+    def __init__(self, tok: TokenizerInfo) -> None:
+        ids, lens, mat = tok.byte_table()
+        self.ids, self.lens, self.mat = ids, lens, mat
+        width = mat.shape[1]
+        self.ends = np.array([int((lens > k).sum()) for k in range(width)], dtype=np.int64)
+        self.first = np.ascontiguousarray(mat[:, 0])
+        self.vocab_size = tok.vocab_size
+
+    @staticmethod
+    def of(tok: TokenizerInfo) -> "VocabWalker":
+        w = tok._memo.get("lazy_walker")
+        if w is None:
+            w = tok._memo["lazy_walker"] = VocabWalker(tok)
+        return w
+
+    def allowed(self, trans: np.ndarray, state: int) -> np.ndarray:
+        """Bool [vocab_size]: tokens whose bytes all have live transitions from `state`."""
+        out = np.zeros(self.vocab_size, dtype=bool)
+        nxt = trans[state][self.first]
+        act = np.nonzero(nxt >= 0)[0]
+        st = nxt[act]
+        k = 1
+        while act.size and k < self.ends.size:
+            # Rows past ends[k] ended at byte k, all alive: allowed. Walk the rest on.
+            cut = int(np.searchsorted(act, self.ends[k]))
+            out[self.ids[act[cut:]]] = True
+            act, st = act[:cut], st[:cut]
+            st = trans[st, self.mat[act, k]]
+            good = st >= 0
+            act, st = act[good], st[good]
+            k += 1
+        out[self.ids[act]] = True
+        return out
+
+
+class CompiledLazyRegex:
+    """A byte DFA plus lazily filled per-state caches (thread-safe), shared by matchers."""
+
+    def __init__(self, dfa: ByteDFA, tok: TokenizerInfo, kind: str = "regex") -> None:
+        self.dfa = dfa
+        self.tok = tok
+        self.kind = kind
+        self.initial = int(dfa.initial)
+        self.trans = dfa.trans
+        self.accept = dfa.accept
+        live = dfa.trans >= 0
+        self._outdeg = live.sum(axis=1)
+        self._only_byte = live.argmax(axis=1)  # meaningful where outdeg == 1
+        self._eos = np.array(tok.eos_token_ids, dtype=np.int64)
+        self._eos_set = frozenset(tok.eos_token_ids)
+        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._forced: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+        self.mask_computes = 0
+
+    @property
+    def num_states(self) -> int:
+        return int(self.accept.size)
+
+    def new_matcher(self) -> "LazyRegexGrammar":
+        return LazyRegexGrammar(self)
+
+    # -- masks ----------------------------------------------------------------------
+    def token_mask(self, state: int) -> np.ndarray:
+        """Bool [vocab_size] of allowed non-EOS tokens from `state` (cached, packed)."""
+        with self._lock:
+            packed = self._masks.get(state)
+            if packed is not None:
+                self._masks.move_to_end(state)
+        if packed is None:
+            m = VocabWalker.of(self.tok).allowed(self.trans, state)
+            with self._lock:
+                self.mask_computes += 1
+                self._masks[state] = np.packbits(m)
+                while len(self._masks) > _MASK_CACHE_STATES:
+                    self._masks.popitem(last=False)
+            return m
+        return np.unpackbits(packed, count=self.tok.vocab_size).view(bool)
+
+    def mask(self, state: int) -> np.ndarray:
+        """Bool [vocab_size]: allowed tokens, EOS included where `state` accepts."""
+        m = self.token_mask(state)
+        if self.accept[state]:
+            m = m.copy()
+            m[self._eos] = True
+        return m
+
+    def allowed_ids(self, state: int) -> torch.Tensor:
+        """Allowed token ids (EOS included in accepting states), like CompiledRegex's."""
+        return torch.from_numpy(np.nonzero(self.mask(state))[0].astype(np.int64))
+
+    # -- stepping -------------------------------------------------------------------
+    def step_bytes(self, state: int, data: bytes) -> int | None:
+        trans = self.trans
+        s = state
+        for b in data:
+            s = int(trans[s, b])
+            if s < 0:
+                return None
+        return s
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        if token_id in self._eos_set:
+            return _TERMINATED if self.accept[state] else None
+        if token_id < 0 or token_id >= self.tok.vocab_size:
+            return None
+        data = self.tok.token_bytes[token_id]
+        return self.step_bytes(state, data) if data else None
+
+    def forced_bytes(self, state: int) -> bytes:
+        """Bytes every continuation from `state` starts with: follow the unique live
+        out-byte while the state does not accept (accepting = EOS is an alternative)."""
+        got = self._forced.get(state)
+        if got is not None:
+            return got
+        out = bytearray()
+        s = state
+        while not self.accept[s] and self._outdeg[s] == 1 and len(out) < _MAX_FORCED_BYTES:
+            b = int(self._only_byte[s])
+            out.append(b)
+            s = int(self.trans[s, b])
+        res = bytes(out)
+        with self._lock:
+            self._forced[state] = res
+        return res
+
+
+class LazyRegexGrammar:
+    """One request's position in a lazily masked regex (implements the Grammar protocol)."""
+
+    def __init__(self, compiled: CompiledLazyRegex) -> None:
+        self.compiled = compiled
+        self.states: list[int] = [compiled.initial]
+
+    @property
+    def state(self) -> int:
+        return self.states[-1]
+
+    def fill_mask(self, mask_row: torch.Tensor) -> None:
+        c = self.compiled
+        if self.state == _TERMINATED:
+            mask_row[list(c.tok.eos_token_ids)] = True
+            return
+        m = c.token_mask(self.state)
+        if mask_row.device.type == "cpu":
+            row = mask_row.numpy()  # in-place OR on a numpy view: no torch dispatch
+            np.logical_or(row[: m.size], m, out=row[: m.size])
+        else:
+            mask_row[: m.size] |= torch.from_numpy(m).to(mask_row.device)
+        if c.accept[self.state]:
+            mask_row[list(c.tok.eos_token_ids)] = True
+
+    def allowed_token_ids(self) -> list[int]:
+        if self.state == _TERMINATED:
+            return list(self.compiled.tok.eos_token_ids)
+        return self.compiled.allowed_ids(self.state).tolist()
+
+    def accept_token(self, token_id: int) -> None:
+        nxt = None if self.state == _TERMINATED else self.compiled.next_state(self.state, int(token_id))
+        if nxt is None:
+            raise GrammarError(f"{self.compiled.kind}: token {token_id} not allowed here")
+        self.states.append(nxt)
+
+    def accept_bytes(self, data: bytes) -> None:
+        """Advance by raw bytes; one rollback step in all."""
+        nxt = None if self.state == _TERMINATED else self.compiled.step_bytes(self.state, data)
+        if nxt is None:
+            raise GrammarError(f"{self.compiled.kind}: text not allowed here")
+        self.states.append(nxt)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens < 0 or num_tokens > len(self.states) - 1:
+            raise ValueError(f"cannot roll back {num_tokens} tokens; {len(self.states) - 1} accepted")
+        if num_tokens:
+            del self.states[-num_tokens:]
+
+    def is_terminated(self) -> bool:
+        s = self.state
+        if s == _TERMINATED:
+            return True
+        c = self.compiled
+        # No live out-byte means no token either; otherwise ask the (cached) mask,
+        # since the vocabulary may lack every byte sequence the DFA still allows.
+        return bool(c.accept[s]) and (c._outdeg[s] == 0 or not c.token_mask(s).any())
+
+    def can_end(self) -> bool:
+        return self.state == _TERMINATED or bool(self.compiled.accept[self.state])
+
+    def jump_forward_string(self) -> str | None:
+        if self.state == _TERMINATED:
+            return None
+        raw = self.compiled.forced_bytes(self.state)
+        # Stop before an incomplete UTF-8 tail; the caller needs whole characters.
+        for cut in range(len(raw), max(len(raw) - 4, -1), -1):
+            try:
+                return raw[:cut].decode("utf-8") or None
+            except UnicodeDecodeError:
+                continue
+        return None
+
+    def num_accepted(self) -> int:
+        return len(self.states) - 1
+
+    def copy(self) -> "LazyRegexGrammar":
+        return LazyRegexGrammar(self.compiled)
