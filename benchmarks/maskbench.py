@@ -2,7 +2,9 @@
 
 Engines, side by side on the same stated sample of MaskBench schemas
 (../shared/data/maskbench, one file per schema with test instances):
-  ours      sgl's schema_to_regex (strict mode) + outlines_core.Index over our vocabulary
+  ours      sgl's registry: compile_grammar("json_schema", schema, tok) with the real
+            TokenizerInfo (converter in strict mode; regex backend as SGL_REGEX_BACKEND
+            says, default the lazy byte-DFA backend; disk cache off)
   outlines  outlines_core's own build_regex_from_schema + outlines_core.Index
   llg       llguidance (grammar_from("json_schema") + LLMatcher)
 For each schema: declared coverage (compiles within --timeout, in a killable worker
@@ -108,17 +110,23 @@ def _init_worker(tok_path: str) -> None:
     hf = PreTrainedTokenizerFast(tokenizer_file=tok_path, eos_token="<|im_end|>")
     _W["llt"] = llguidance.hf.from_tokenizer(hf)
     _W["n_vocab"] = len(tj["model"]["vocab"])
+    from sgl.runtime.constrained.lazy_regex import VocabWalker
+    from sgl.runtime.constrained.vocab import TokenizerInfo
+
+    os.environ["SGL_GRAMMAR_DISK_CACHE"] = "0"  # every compile is measured cold
+    _W["info"] = TokenizerInfo.from_hf_tokenizer(hf)
+    VocabWalker.of(_W["info"])  # per-tokenizer table, built once per process, not per schema
 
 
 def _compile(engine: str, schema: Any) -> Any:
     from outlines_core import Index
 
     if engine == "ours":
-        from sgl.runtime.constrained.json_schema import schema_to_regex
+        from sgl.runtime.constrained.registry import compile_tables
 
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            return Index(schema_to_regex(schema, strict=True), _W["vocab"])
+            return compile_tables("json_schema", schema, _W["info"], use_cache=False)
     if engine == "outlines":
         from outlines_core.json_schema import build_regex_from_schema
 
@@ -144,6 +152,22 @@ def _drive_index(index: Any, ids: list[int], mask_times: list[float]) -> bool:
         if state is None:
             return False
     return bool(index.is_final_state(state))
+
+
+def _drive_ours(compiled: Any, ids: list[int], mask_times: list[float]) -> bool:
+    import torch
+
+    g = compiled.new_matcher()
+    row = torch.zeros(_W["info"].vocab_size, dtype=torch.bool)
+    for t in ids:
+        t0 = time.perf_counter()
+        row.zero_()
+        g.fill_mask(row)
+        mask_times.append(time.perf_counter() - t0)
+        if not row[t]:
+            return False
+        g.accept_token(t)
+    return bool(g.can_end())
 
 
 def _drive_llg(grammar: str, ids: list[int], mask_times: list[float]) -> bool:
@@ -180,6 +204,8 @@ def run_job(engine: str, path: str) -> dict[str, Any]:
         steps: list[float] = []
         if engine == "llg":
             acc = _drive_llg(compiled, ids, steps)
+        elif engine == "ours":
+            acc = _drive_ours(compiled, ids, steps)
         else:
             acc = _drive_index(compiled, ids, steps)
         mask_times += steps

@@ -61,82 +61,91 @@ def _byte_vocabulary() -> tuple[object, dict[int, tuple[int, int]]]:
 def _rust_dfa(regex: str, kind: str) -> ByteDFA:
     from outlines_core import Index
 
-    vocab, pairs = _byte_vocabulary()
+    vocab, _ = _byte_vocabulary()
     try:
         index = Index(regex, vocab)
     except Exception as e:  # regex syntax errors, DFA size limits
         raise GrammarError(f"{kind}: cannot compile regex ({e})") from None
     table = index.get_transitions()
-    finals = set(index.get_final_states())
-    names = {index.get_initial_state(): 0}
-    for q in list(table) + sorted(finals):
-        names.setdefault(q, len(names))
-    for out in table.values():
-        for q in out.values():
-            names.setdefault(q, len(names))
-    rows: list[np.ndarray] = []
-    # State after a lead byte L from q: defined by its continuation row C -> target(q, LC);
-    # identical rows are one state.
-    mids: dict[tuple[tuple[int, int], ...], int] = {}
-    edges: list[tuple[int, int, int]] = []
+    finals = np.fromiter(index.get_final_states(), dtype=np.int64)
+    # Flatten {state: {token: state}} into edge arrays, then rename states densely.
+    srcs, toks, dsts = [], [], []
     for q, out in table.items():
-        by_lead: dict[int, list[tuple[int, int]]] = {}
-        for t, q2 in out.items():
-            if t < _EOS_ID:
-                edges.append((names[q], t, names[q2]))
-            elif t > _EOS_ID:
-                lead, cont = pairs[t]
-                by_lead.setdefault(lead, []).append((cont, names[q2]))
-        for lead, row in by_lead.items():
-            key = tuple(sorted(row))
-            m = mids.get(key)
-            if m is None:
-                m = mids[key] = len(names) + len(mids)
-                rows.append(np.array(key, dtype=np.int64))
-            edges.append((names[q], lead, m))
-    n = len(names) + len(mids)
-    trans = np.full((n, 256), -1, dtype=np.int32)
-    if edges:
-        e = np.array(edges, dtype=np.int64)
-        trans[e[:, 0], e[:, 1]] = e[:, 2]
-    for i, row in enumerate(rows):
-        trans[len(names) + i, row[:, 0]] = row[:, 1]
-    accept = np.zeros(n, dtype=bool)
-    accept[[names[q] for q in finals]] = True
-    return trim(trans, accept, 0)
+        t = np.fromiter(out.keys(), dtype=np.int64, count=len(out))
+        srcs.append(np.full(t.size, q, dtype=np.int64))
+        toks.append(t)
+        dsts.append(np.fromiter(out.values(), dtype=np.int64, count=len(out)))
+    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+    tok = np.concatenate(toks) if toks else np.zeros(0, np.int64)
+    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
+    keep = tok != _EOS_ID
+    src, tok, dst = src[keep], tok[keep], dst[keep]
+    ids = np.unique(np.concatenate([src, dst, finals, [index.get_initial_state()]]))
+    src, dst = np.searchsorted(ids, src), np.searchsorted(ids, dst)
+    n = ids.size
+    single = tok < 256
+    # State after lead byte L from q: defined by its row cont -> target(q, L cont);
+    # identical rows are one state.
+    p = tok[~single] - (_EOS_ID + 1)
+    psrc, lead, cont, pdst = src[~single], 0xC2 + p // 64, p % 64, dst[~single]
+    groups, gi = np.unique(psrc * 256 + lead, return_inverse=True)
+    rows = np.full((groups.size, 64), -1, dtype=np.int64)
+    rows[gi, cont] = pdst
+    mids, mi = np.unique(rows, axis=0, return_inverse=True) if groups.size else (rows, np.zeros(0, np.int64))
+    trans = np.full((n + len(mids), 256), -1, dtype=np.int32)
+    trans[src[single], tok[single]] = dst[single]
+    trans[groups // 256, groups % 256] = n + mi.reshape(-1)
+    trans[n:, 0x80:0xC0] = mids
+    accept = np.zeros(n + len(mids), dtype=bool)
+    accept[np.searchsorted(ids, finals)] = True
+    return trim(trans, accept, int(np.searchsorted(ids, index.get_initial_state())))
 
 
 def trim(trans: np.ndarray, accept: np.ndarray, initial: int) -> ByteDFA:
     """Keep states reachable from `initial` that can reach acceptance; start becomes 0."""
     n = trans.shape[0]
     src, byte = np.nonzero(trans >= 0)
-    dst = trans[src, byte]
-    # Co-reachable: breadth-first over reversed edges from the accepting states.
+    dst = trans[src, byte].astype(np.int64)
+    # Co-reachable: frontier by frontier over reversed edges from the accepting states.
+    live = accept.copy()
+    frontier = np.nonzero(accept)[0]
     order = np.argsort(dst, kind="stable")
     rsrc, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
-    live = accept.copy()
-    todo = deque(np.nonzero(accept)[0].tolist())
-    while todo:
-        j = todo.popleft()
-        for i in rsrc[starts[j]:starts[j + 1]].tolist():
-            if not live[i]:
-                live[i] = True
-                todo.append(i)
+    while frontier.size:
+        lo, hi = starts[frontier], starts[frontier + 1]
+        preds = rsrc[_ranges(lo, hi)]
+        preds = np.unique(preds[~live[preds]])
+        live[preds] = True
+        frontier = preds
     if not live[initial]:
         raise GrammarError("regex: matches nothing")
     t = np.where((trans >= 0) & live[np.maximum(trans, 0)], trans, -1)
-    # Reachable from the start, in breadth-first order (so the start is state 0).
+    # Reachable from the start, numbered in breadth-first order (the start is 0).
     new = np.full(n, -1, dtype=np.int64)
     new[initial] = 0
-    seen = [initial]
-    k = 0
-    while k < len(seen):
-        for j in np.unique(t[seen[k]][t[seen[k]] >= 0]).tolist():
-            if new[j] < 0:
-                new[j] = len(seen)
-                seen.append(j)
-        k += 1
-    keep = np.array(seen, dtype=np.int64)
+    seen = [np.array([initial])]
+    count = 1
+    frontier = seen[0]
+    while frontier.size:
+        nxt = t[frontier]
+        nxt = nxt[nxt >= 0]
+        _, first = np.unique(nxt, return_index=True)
+        nxt = nxt[np.sort(first)]  # first-seen order, deterministic
+        nxt = nxt[new[nxt] < 0]
+        new[nxt] = np.arange(count, count + nxt.size)
+        count += nxt.size
+        seen.append(nxt)
+        frontier = nxt
+    keep = np.concatenate(seen)
     sub = t[keep]
     out = np.where(sub >= 0, new[np.maximum(sub, 0)], -1).astype(np.int32)
     return ByteDFA(out, accept[keep].copy(), 0)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(lo[i], hi[i]) for all i, without a Python loop."""
+    lens = hi - lo
+    if not lens.sum():
+        return np.zeros(0, dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    return np.arange(int(lens.sum())) + np.repeat(lo - base, lens)
