@@ -1,0 +1,69 @@
+"""Cascade attention (shared prefix attended once) equals the plain per-request path."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sgl.runtime.attention.cascade import common_prefix_len
+from sgl.runtime.attention.torch_backend import TorchAttentionBackend
+from sgl.runtime.executor.forward_batch import ForwardBatch
+from sgl.runtime.memory.kv_pool import KVPool
+
+
+def _run(shared: int, own_cached: list[int], extend: list[int], dtype: torch.dtype, cascade: bool,
+         kv_heads: int = 3, group: int = 3, d: int = 64, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    pool = KVPool(4096, 1, kv_heads, d, dtype)
+    pool.k_buffers[0].copy_(torch.randn(pool.k_buffers[0].shape, generator=g).to(dtype))
+    pool.v_buffers[0].copy_(torch.randn(pool.v_buffers[0].shape, generator=g).to(dtype))
+    table = torch.zeros((len(extend), 1024), dtype=torch.int64)
+    free = list(range(1, 4096))
+    random.Random(seed).shuffle(free)
+    shared_slots = [free.pop() for _ in range(shared)]
+    rows, prefix_lens, out_loc = [], [], []
+    for i, (c, e) in enumerate(zip(own_cached, extend)):
+        own = [free.pop() for _ in range(c + e)]
+        table[i, : shared + c + e] = torch.tensor(shared_slots + own)
+        rows.append(i)
+        prefix_lens.append(shared + c)
+        out_loc.extend(own[c:])
+    t = sum(extend)
+    fb = ForwardBatch.build([5] * t, out_loc, rows, prefix_lens, extend, table)
+    q = torch.randn((t, kv_heads * group, d), generator=g).to(dtype)
+    k = torch.randn((t, kv_heads, d), generator=g).to(dtype)
+    v = torch.randn((t, kv_heads, d), generator=g).to(dtype)
+    backend = TorchAttentionBackend(pool)
+    import sgl.runtime.attention.cascade as tb
+
+    old = tb.MIN_SHARED
+    tb.MIN_SHARED = 1 if cascade else 10**9
+    try:
+        backend.init_forward(fb)
+        assert (backend._shared is not None) == (cascade and len(extend) > 1)
+        return backend.forward(q, k, v, 0, fb).float()
+    finally:
+        tb.MIN_SHARED = old
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("own_cached, extend", [
+    ([0, 3, 7, 1], [1, 1, 1, 1]),  # decode batch
+    ([0, 5, 2], [4, 1, 9]),  # extend batch incl. a decode row
+    ([0, 0], [3, 6]),  # extend right after the shared prefix
+    ([0, 2, 0, 1, 0, 3], [1, 1, 1, 1, 1, 60]),  # uneven extends: per-request loop, not padding
+])
+def test_cascade_matches_plain(dtype: torch.dtype, tol: float, own_cached: list[int], extend: list[int]) -> None:
+    a = _run(70, own_cached, extend, dtype, cascade=True)
+    b = _run(70, own_cached, extend, dtype, cascade=False)
+    assert torch.allclose(a, b, atol=tol, rtol=tol), (a - b).abs().max()
+
+
+def test_common_prefix_len() -> None:
+    rows = torch.tensor([[1, 2, 3, 4], [1, 2, 9, 4], [1, 2, 3, 5]])
+    assert common_prefix_len(rows, 4) == 2
+    assert common_prefix_len(rows, 1) == 1
+    assert common_prefix_len(rows[:1], 4) == 0
+    assert common_prefix_len(torch.tensor([[1, 2], [1, 2]]), 2) == 2
