@@ -142,6 +142,8 @@ def main() -> None:
     timer.steps.clear()
     eng.generate(input_ids=ids[: args.prefill_tokens], sampling_params={"max_new_tokens": 1})
     pre = [s for s in timer.steps if s[2] > 1]
+    if not pre:
+        raise SystemExit(f"no prefill step was recorded (steps: {timer.steps})")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     rows = []
     for name, st in (("decode step (batch 1)", dec), (f"prefill step ({args.prefill_tokens} tokens)", pre)):
