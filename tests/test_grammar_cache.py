@@ -56,7 +56,8 @@ print(sorted(g.allowed_token_ids())[:20])
 
 
 def test_disk_cache_survives_new_process(tmp_path):
-    env = dict(os.environ, SGL_CACHE_DIR=str(tmp_path), PYTHONPATH=ROOT)
+    # the outlines Index path (the lazy DFA path has its own disk-cache test)
+    env = dict(os.environ, SGL_CACHE_DIR=str(tmp_path), PYTHONPATH=ROOT, SGL_REGEX_BACKEND="outlines")
     run = lambda mode: subprocess.run([sys.executable, "-c", _CHILD, GGUF, mode], env=env,  # noqa: E731
                                       capture_output=True, text=True, timeout=300)
     first = run("build")
