@@ -51,12 +51,18 @@ def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Te
     return (o1 * w1 + o2 * w2) / (w1 + w2)
 
 
+def gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """buf[slots] for a pool buffer [N, KV, D]; index_select is 4-7x faster than
+    advanced indexing on the CPU."""
+    return buf.index_select(0, slots.reshape(-1)).view(*slots.shape, *buf.shape[1:])
+
+
 def shared_prefix_part(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, shared_slots: torch.Tensor,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, KV, G, D] against the shared prefix (all visible). Returns ([T, KV, G, D], [T, KV, G])."""
     t, kv, g, d = q.shape
-    kp = k_buf[shared_slots].transpose(0, 1)  # [KV, S, D]
-    vp = v_buf[shared_slots].transpose(0, 1)
+    kp = gather(k_buf, shared_slots).transpose(0, 1)  # [KV, S, D]
+    vp = gather(v_buf, shared_slots).transpose(0, 1)
     qk = q.permute(1, 0, 2, 3).reshape(kv, t * g, d)  # every query of a KV group in one matmul
     o, lse = attend_lse(qk, kp, vp, scale)
     return o.view(kv, t, g, d).permute(1, 0, 2, 3), lse.view(kv, t, g).permute(1, 0, 2)

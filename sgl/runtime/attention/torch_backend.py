@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl.runtime.attention import cascade
-from sgl.runtime.attention.cascade import attend_lse, common_prefix_len, merge, shared_prefix_part
+from sgl.runtime.attention.cascade import attend_lse, gather, common_prefix_len, merge, shared_prefix_part
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.memory.kv_pool import KVPool
 
@@ -121,15 +121,15 @@ class TorchAttentionBackend:
         o_p, lse_p = shared_prefix_part(qg, k_buf, v_buf, self._shared, scale)  # [T, KV, G, D], [T, KV, G]
         if self._cascade_decode is not None:
             own, mask = self._cascade_decode  # [B, L], [B, 1, 1, L]
-            ko = k_buf[own].permute(0, 2, 1, 3)  # [B, KV, L, D]
-            vo = v_buf[own].permute(0, 2, 1, 3)
+            ko = gather(k_buf, own).permute(0, 2, 1, 3)  # [B, KV, L, D]
+            vo = gather(v_buf, own).permute(0, 2, 1, 3)
             o_s, lse_s = attend_lse(qg, ko, vo, scale, mask)  # [B, KV, G, D], [B, KV, G]
             return merge(o_p, lse_p, o_s, lse_s).reshape(t, h, d).to(q.dtype)
         if self._cascade_padded is not None:
             q_index, q_valid, own, mask = self._cascade_padded
             qi = qg[q_index].permute(0, 2, 3, 1, 4)  # [B, KV, G, E, D]
-            ko = k_buf[own].permute(0, 2, 1, 3).unsqueeze(2)  # [B, KV, 1, L, D]
-            vo = v_buf[own].permute(0, 2, 1, 3).unsqueeze(2)
+            ko = gather(k_buf, own).permute(0, 2, 1, 3).unsqueeze(2)  # [B, KV, 1, L, D]
+            vo = gather(v_buf, own).permute(0, 2, 1, 3).unsqueeze(2)
             o_s, lse_s = attend_lse(qi, ko, vo, scale, mask)  # [B, KV, G, E, D], [B, KV, G, E]
             o_s = o_s.permute(0, 3, 1, 2, 4)[q_valid]  # [T, KV, G, D] in T order
             lse_s = lse_s.permute(0, 3, 1, 2)[q_valid]
@@ -137,8 +137,8 @@ class TorchAttentionBackend:
         out = torch.empty((t, kv, g, d), dtype=torch.float32, device=q.device)
         for start, e, own, mask in self._cascade_meta:
             qi = qg[start : start + e].permute(1, 2, 0, 3)  # [KV, G, e, D]
-            ki = k_buf[own].permute(1, 0, 2).unsqueeze(1)  # [KV, 1, own, D]
-            vi = v_buf[own].permute(1, 0, 2).unsqueeze(1)
+            ki = gather(k_buf, own).permute(1, 0, 2).unsqueeze(1)  # [KV, 1, own, D]
+            vi = gather(v_buf, own).permute(1, 0, 2).unsqueeze(1)
             o_s, lse_s = attend_lse(qi, ki, vi, scale, mask)  # [KV, G, e, D], [KV, G, e]
             out[start : start + e] = merge(o_p[start : start + e], lse_p[start : start + e],
                                            o_s.permute(2, 0, 1, 3), lse_s.permute(2, 0, 1))
@@ -163,8 +163,8 @@ class TorchAttentionBackend:
         out = torch.empty_like(q)
         for start, e, slots, mask, causal in self._extend_meta:
             qi = q[start : start + e].transpose(0, 1)  # [H, e, D]
-            ki = k_buf[slots].transpose(0, 1)  # [KV, S, D]
-            vi = v_buf[slots].transpose(0, 1)
+            ki = gather(k_buf, slots).transpose(0, 1)  # [KV, S, D]
+            vi = gather(v_buf, slots).transpose(0, 1)
             # 4-D inputs with K/V repeated per query head take the CPU flash kernel; 3-D or
             # enable_gqa fall back to the math path, ~5x slower on a 1k-token prefill.
             group = qi.shape[0] // ki.shape[0]
@@ -181,7 +181,7 @@ class TorchAttentionBackend:
         kv = k_buf.shape[1]
         # One query per request: view its heads as [KV, group] so each group shares a K/V row.
         qg = q.view(b, kv, h // kv, d)
-        k = k_buf[slots].permute(0, 2, 1, 3)  # [B, KV, L, D]
-        v = v_buf[slots].permute(0, 2, 1, 3)
+        k = gather(k_buf, slots).permute(0, 2, 1, 3)  # [B, KV, L, D]
+        v = gather(v_buf, slots).permute(0, 2, 1, 3)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
         return o.reshape(b, h, d)
