@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from .base import GrammarError
+from .state_stack import TERMINATED, StateStackGrammar
 from .byte_dfa import ByteDFA
 from .vocab import TokenizerInfo
 
-_TERMINATED = -1  # pseudo-state pushed when EOS is accepted
 _MAX_FORCED_BYTES = 1024
 _MASK_CACHE_STATES = 2048  # packed masks: ~6 KB each at a 49k vocabulary
 
@@ -139,7 +139,7 @@ class CompiledLazyRegex:
 
     def next_state(self, state: int, token_id: int) -> int | None:
         if token_id in self._eos_set:
-            return _TERMINATED if self.accept[state] else None
+            return TERMINATED if self.accept[state] else None
         if token_id < 0 or token_id >= self.tok.vocab_size:
             return None
         data = self.tok.token_bytes[token_id]
@@ -163,20 +163,12 @@ class CompiledLazyRegex:
         return res
 
 
-class LazyRegexGrammar:
+class LazyRegexGrammar(StateStackGrammar):
     """One request's position in a lazily masked regex (implements the Grammar protocol)."""
-
-    def __init__(self, compiled: CompiledLazyRegex) -> None:
-        self.compiled = compiled
-        self.states: list[int] = [compiled.initial]
-
-    @property
-    def state(self) -> int:
-        return self.states[-1]
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         c = self.compiled
-        if self.state == _TERMINATED:
+        if self.state == TERMINATED:
             mask_row[list(c.tok.eos_token_ids)] = True
             return
         m = c.token_mask(self.state)
@@ -188,33 +180,16 @@ class LazyRegexGrammar:
         if c.accept[self.state]:
             mask_row[list(c.tok.eos_token_ids)] = True
 
-    def allowed_token_ids(self) -> list[int]:
-        if self.state == _TERMINATED:
-            return list(self.compiled.tok.eos_token_ids)
-        return self.compiled.allowed_ids(self.state).tolist()
-
-    def accept_token(self, token_id: int) -> None:
-        nxt = None if self.state == _TERMINATED else self.compiled.next_state(self.state, int(token_id))
-        if nxt is None:
-            raise GrammarError(f"{self.compiled.kind}: token {token_id} not allowed here")
-        self.states.append(nxt)
-
     def accept_bytes(self, data: bytes) -> None:
         """Advance by raw bytes; one rollback step in all."""
-        nxt = None if self.state == _TERMINATED else self.compiled.step_bytes(self.state, data)
+        nxt = None if self.state == TERMINATED else self.compiled.step_bytes(self.state, data)
         if nxt is None:
             raise GrammarError(f"{self.compiled.kind}: text not allowed here")
         self.states.append(nxt)
 
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens < 0 or num_tokens > len(self.states) - 1:
-            raise ValueError(f"cannot roll back {num_tokens} tokens; {len(self.states) - 1} accepted")
-        if num_tokens:
-            del self.states[-num_tokens:]
-
     def is_terminated(self) -> bool:
         s = self.state
-        if s == _TERMINATED:
+        if s == TERMINATED:
             return True
         c = self.compiled
         # No live out-byte means no token either; otherwise ask the (cached) mask,
@@ -222,22 +197,4 @@ class LazyRegexGrammar:
         return bool(c.accept[s]) and (c._outdeg[s] == 0 or not c.token_mask(s).any())
 
     def can_end(self) -> bool:
-        return self.state == _TERMINATED or bool(self.compiled.accept[self.state])
-
-    def jump_forward_string(self) -> str | None:
-        if self.state == _TERMINATED:
-            return None
-        raw = self.compiled.forced_bytes(self.state)
-        # Stop before an incomplete UTF-8 tail; the caller needs whole characters.
-        for cut in range(len(raw), max(len(raw) - 4, -1), -1):
-            try:
-                return raw[:cut].decode("utf-8") or None
-            except UnicodeDecodeError:
-                continue
-        return None
-
-    def num_accepted(self) -> int:
-        return len(self.states) - 1
-
-    def copy(self) -> "LazyRegexGrammar":
-        return LazyRegexGrammar(self.compiled)
+        return self.state == TERMINATED or bool(self.compiled.accept[self.state])

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from .base import GrammarError
+from .state_stack import TERMINATED, StateStackGrammar
 from .vocab import TokenizerInfo
 
-_TERMINATED = -1  # pseudo-state pushed when EOS is accepted
 _MAX_FORCED_BYTES = 1024
 # Rust regex meta characters; escaping any other character may change its meaning
 # (e.g. `\<` is a word boundary), so `choices` escapes exactly these.
@@ -106,7 +106,7 @@ class CompiledRegex:
 
     def next_state(self, state: int, token_id: int) -> int | None:
         if token_id in self._eos_set:
-            return _TERMINATED if state in self.finals else None
+            return TERMINATED if state in self.finals else None
         if token_id < 0 or token_id >= self.tok.vocab_size:
             return None
         return self.index.get_next_state(state, token_id)
@@ -162,33 +162,14 @@ class CompiledRegex:
         return self._first_byte, self._single_byte_id
 
 
-class RegexGrammar:
+class RegexGrammar(StateStackGrammar):
     """One request's position in a compiled regex (implements the Grammar protocol)."""
 
-    def __init__(self, compiled: CompiledRegex) -> None:
-        self.compiled = compiled
-        self.states: list[int] = [compiled.initial]
-
-    @property
-    def state(self) -> int:
-        return self.states[-1]
-
     def fill_mask(self, mask_row: torch.Tensor) -> None:
-        if self.state == _TERMINATED:
+        if self.state == TERMINATED:
             mask_row[torch.tensor(self.compiled.tok.eos_token_ids)] = True
             return
         mask_row[self.compiled.allowed_ids(self.state)] = True
-
-    def allowed_token_ids(self) -> list[int]:
-        if self.state == _TERMINATED:
-            return list(self.compiled.tok.eos_token_ids)
-        return self.compiled.allowed_ids(self.state).tolist()
-
-    def accept_token(self, token_id: int) -> None:
-        nxt = None if self.state == _TERMINATED else self.compiled.next_state(self.state, int(token_id))
-        if nxt is None:
-            raise GrammarError(f"{self.compiled.kind}: token {token_id} not allowed here")
-        self.states.append(nxt)
 
     def accept_bytes(self, data: bytes) -> None:
         """Advance by raw bytes (via single-byte tokens); one rollback step in all."""
@@ -196,39 +177,14 @@ class RegexGrammar:
         s: int | None = self.state
         for b in data:
             tid = single.get(b)
-            s = None if tid is None or s in (None, _TERMINATED) else self.compiled.index.get_next_state(s, tid)
+            s = None if tid is None or s in (None, TERMINATED) else self.compiled.index.get_next_state(s, tid)
             if s is None:
                 raise GrammarError(f"{self.compiled.kind}: text not allowed here")
         self.states.append(s)  # type: ignore[arg-type]
 
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens < 0 or num_tokens > len(self.states) - 1:
-            raise ValueError(f"cannot roll back {num_tokens} tokens; {len(self.states) - 1} accepted")
-        if num_tokens:
-            del self.states[-num_tokens:]
-
     def is_terminated(self) -> bool:
         s = self.state
-        return s == _TERMINATED or (s in self.compiled.finals and not self.compiled.has_continuation(s))
+        return s == TERMINATED or (s in self.compiled.finals and not self.compiled.has_continuation(s))
 
     def can_end(self) -> bool:
-        return self.state == _TERMINATED or self.state in self.compiled.finals
-
-    def jump_forward_string(self) -> str | None:
-        if self.state == _TERMINATED:
-            return None
-        raw = self.compiled.forced_bytes(self.state)
-        # Stop before an incomplete UTF-8 tail; the caller needs whole characters.
-        for cut in range(len(raw), max(len(raw) - 4, -1), -1):
-            try:
-                s = raw[:cut].decode("utf-8")
-                return s or None
-            except UnicodeDecodeError:
-                continue
-        return None
-
-    def num_accepted(self) -> int:
-        return len(self.states) - 1
-
-    def copy(self) -> "RegexGrammar":
-        return RegexGrammar(self.compiled)
+        return self.state == TERMINATED or self.state in self.compiled.finals
