@@ -257,6 +257,18 @@ class EngineClient:
             abort_all()
             raise
 
+    async def open_streams(self, request: Request, subs: list[GenInput]) -> list[StreamHandle]:
+        """Open one stream per input; if any fails, close those already open, then raise."""
+        handles: list[StreamHandle] = []
+        try:
+            for s in subs:
+                handles.append(await self.open_stream(request, s))
+        except BaseException:
+            for h in handles:
+                h.close()
+            raise
+        return handles
+
     async def open_stream(self, request: Request, g: GenInput) -> StreamHandle:
         """Start a streaming generation and wait for its first chunk (so errors are still 4xx)."""
         t0 = time.perf_counter()

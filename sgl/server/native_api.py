@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, ConfigDict, Field
 
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import EngineClient, GenInput, StreamHandle, abort_message, new_rid, split_n
+from sgl.server.engine_client import EngineClient, GenInput, abort_message, new_rid, split_n
 from sgl.server.errors import APIError, bad_request, error_body
 from sgl.server.sse import DONE, guarded_stream, merge_streams, sse
 
@@ -183,14 +183,7 @@ async def generate(req: GenerateRequest, request: Request) -> Response:
 async def _stream_generate(request: Request, client: EngineClient, gens: list[GenInput], tagged: bool,
                            with_text: bool, t0: float) -> Response:
     subs = [s for g in gens for s in split_n(g)]
-    handles: list[StreamHandle] = []
-    try:
-        for s in subs:
-            handles.append(await client.open_stream(request, s))
-    except BaseException:
-        for h in handles:
-            h.close()
-        raise
+    handles = await client.open_streams(request, subs)
 
     async def frames() -> AsyncIterator[bytes]:
         source = (merge_streams([h.chunks() for h in handles]) if len(handles) > 1

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import (EngineClient, GenInput, StreamHandle, abort_message, finish_of, meta_of, new_rid,
+from sgl.server.engine_client import (EngineClient, GenInput, abort_message, finish_of, meta_of, new_rid,
                                      split_n)
 from sgl.server.errors import APIError, bad_request, error_body
 from sgl.server.openai_protocol import CompletionRequest, ResponseFormat, _Sampling
@@ -249,14 +249,7 @@ async def _stream(request: Request, client: EngineClient, subs: list[GenInput], 
                   num_prompts: int, on_chunk: Any, frame: Any, first_frames: Any, include_usage: bool,
                   on_finish: Any = None) -> Response:
     """Open one engine stream per choice, then render chunks via `on_chunk` into SSE frames."""
-    handles: list[StreamHandle] = []
-    try:
-        for s in subs:
-            handles.append(await client.open_stream(request, s))
-    except BaseException:
-        for h in handles:
-            h.close()
-        raise
+    handles = await client.open_streams(request, subs)
 
     async def frames() -> AsyncIterator[bytes]:
         states: list[dict[str, Any]] = [{} for _ in subs]
