@@ -175,3 +175,11 @@ def test_greedy_matches_transformers_float32() -> None:
                 ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                                   suppress_tokens=banned)
             assert o["output_ids"] == ref[0, len(ids):].tolist(), p
+
+
+def test_request_larger_than_the_pool_is_rejected_not_hung() -> None:
+    with Engine(max_total_tokens=64) as small:
+        with pytest.raises(ValueError, match="KV slots"):
+            small.generate("hello " * 100, {"max_new_tokens": 4})
+        ok = small.generate("hello", {"max_new_tokens": 4, "temperature": 0})
+        assert ok["meta_info"]["completion_tokens"] == 4

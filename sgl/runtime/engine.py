@@ -90,9 +90,17 @@ class Engine:
                rid: Any) -> tuple[list[ReqSpec], bool]:
         if self._stop.is_set():
             raise RuntimeError("this engine was shut down; create a new Engine")
-        return normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
-                         logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
-                         self.vocab_size, self.context_length)
+        specs, is_batch = normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
+                                    logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
+                                    self.vocab_size, self.context_length)
+        for s in specs:  # a request larger than the whole KV pool could never be scheduled
+            need = len(s.input_ids) + s.params.max_new_tokens
+            if need > self.max_total_tokens:
+                raise ValueError(
+                    f"prompt ({len(s.input_ids)} tokens) + max_new_tokens ({s.params.max_new_tokens}) needs "
+                    f"{need} KV slots but the pool holds {self.max_total_tokens}; raise max_total_tokens "
+                    "or shorten the request")
+        return specs, is_batch
 
     def _submit(self, spec: ReqSpec, on_output: Any, stream: bool) -> None:
         self.scheduler.submit(Req(
