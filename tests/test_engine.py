@@ -183,3 +183,20 @@ def test_request_larger_than_the_pool_is_rejected_not_hung() -> None:
             small.generate("hello " * 100, {"max_new_tokens": 4})
         ok = small.generate("hello", {"max_new_tokens": 4, "temperature": 0})
         assert ok["meta_info"]["completion_tokens"] == 4
+
+
+def test_shutdown_aborts_in_flight_requests() -> None:
+    import threading
+
+    eng = Engine(max_total_tokens=2048)
+    results: list[dict] = []
+    t = threading.Thread(target=lambda: results.append(
+        eng.generate("Tell me a story.", {"max_new_tokens": 500, "ignore_eos": True})))
+    t.start()
+    while eng.get_server_info()["num_running_reqs"] == 0:
+        pass
+    eng.shutdown()
+    t.join(timeout=30)
+    assert not t.is_alive() and results[0]["meta_info"]["finish_reason"]["type"] == "abort"
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.generate("hi")

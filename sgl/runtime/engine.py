@@ -215,6 +215,10 @@ class Engine:
     def shutdown(self) -> None:
         if self._stop.is_set():
             return
+        try:  # callers still waiting get an abort result instead of hanging
+            self.scheduler.call(lambda: self.scheduler.abort_all("the engine was shut down")).result(timeout=30)
+        except Exception:  # a wedged loop must not block shutdown
+            log.exception("could not abort in-flight requests at shutdown")
         self._stop.set()
         self._thread.join(timeout=10)
 

@@ -217,6 +217,13 @@ class Scheduler:
         elif len(req.output_ids) >= req.params.max_new_tokens:
             req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
 
+    def abort_all(self, message: str) -> int:
+        """Finish every live request with an abort (engine shutdown); returns how many."""
+        live = self.grammar_wait + self.waiting + self.prefilling + self.running
+        for r in live:
+            self._finish(r, {"type": "abort", "message": message})
+        return len(live)
+
     def _abort(self, rid: str) -> None:
         for lst in (self.grammar_wait, self.waiting, self.prefilling, self.running):
             for r in lst:
