@@ -200,3 +200,14 @@ def test_shutdown_aborts_in_flight_requests() -> None:
     assert not t.is_alive() and results[0]["meta_info"]["finish_reason"]["type"] == "abort"
     with pytest.raises(RuntimeError, match="shut down"):
         eng.generate("hi")
+
+
+def test_real_model_under_kv_pressure_retracts_and_finishes() -> None:
+    prompts = [f"Write a list of animals, number {i}:" for i in range(6)]
+    with Engine(max_total_tokens=300, chunked_prefill_size=64) as small:
+        outs = small.generate(prompts, {"temperature": 0, "max_new_tokens": 70, "ignore_eos": True})
+        info = small.get_server_info()
+        assert info["num_retractions_total"] > 0, "6 x ~80 tokens cannot fit in 300 slots at once"
+        assert all(o["meta_info"]["completion_tokens"] == 70 for o in outs)
+        small.check_invariants()
+        assert small.flush_cache() and small.get_server_info()["kv_used_tokens"] == 0
