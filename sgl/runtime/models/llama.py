@@ -5,7 +5,8 @@ another, weights and activations stay in one dtype (bf16 on CPU, where AMX makes
 several times faster than fp32), RoPE uses a precomputed cos/sin table indexed by
 `batch.positions`, and attention (with the KV pool) is delegated to the backend. Only
 the rows in `batch.logits_indices` go through the final norm and the vocab projection.
-Weights are loaded from Hugging Face tensor names with `load_weights`.
+Weights are loaded from Hugging Face tensor names with `load_weights`. One-token steps
+run on one CPU thread, and with `SGL_TORCH_COMPILE=1` (bf16) through decode_compile.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
+from sgl.runtime.models import decode_compile
 from sgl.runtime.models.cpu_linear import linear, pack_weight
+
+# Steps with at most this many tokens run on one CPU thread: a few-row step is bound by
+# streaming the weights, which one core does as fast as two here, and the ~700 small ops
+# per step pay OpenMP fork/join costs on two (batch-1 decode, 2 cores: 33 -> 31 ms).
+SINGLE_THREAD_MAX_TOKENS = 1
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -57,10 +64,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in float32 (as HF does) then scale in the model dtype.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # Normalize in float32 (as HF does) then scale in the model dtype. F.rms_norm is the
+        # same arithmetic (bit-identical) in one call instead of five small ops.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -91,20 +97,39 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         batch: ForwardBatch,
         attn: AttentionBackend,
+        compiled: bool = False,
     ) -> torch.Tensor:
+        """cos/sin: [T, 1, 2, d/2] as built by `LlamaForCausalLM.forward` (see there).
+        `compiled`: run the dense parts through decode_compile (one-token steps only)."""
         t = x.shape[0]
         h, kv, d = self.h, self.kv, self.d
+        if compiled:
+            return self._forward_compiled(x, cos, sin, batch, attn)
         pk = self.packed
         qkv = linear(self.input_layernorm(x), self.qkv_weight, pk.get("qkv_weight"), self.qkv_bias)
-        # q and k heads are contiguous in the fused output: rotate them in one go.
-        qk = qkv[:, : (h + kv) * d].view(t, h + kv, d)
-        x1, x2 = qk[..., : d // 2], qk[..., d // 2 :]
-        qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        # q and k heads are contiguous in the fused output: rotate them in one go. With the
+        # halves as a size-2 axis, rotate_half is a flip of that axis (sign folded into sin).
+        qk = qkv[:, : (h + kv) * d].view(t, h + kv, 2, d // 2)
+        qk = (qk * cos + qk.flip(2) * sin).view(t, h + kv, d)
         v = qkv[:, (h + kv) * d :].view(t, kv, d)
         o = attn.forward(qk[:, :h], qk[:, h:], v, self.layer_id, batch)
         x = x + linear(o.reshape(t, h * d), self.o_weight, pk.get("o_weight"), self.o_bias)
         gate, up = linear(self.post_attention_layernorm(x), self.gate_up_weight, pk.get("gate_up_weight")).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.down_weight, pk.get("down_weight"))
+
+    def _forward_compiled(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        pre, post = decode_compile.get("pre_attention"), decode_compile.get("post_attention")
+        # Plain tensors, not Parameters: dynamo guards on a Parameter's identity, which would
+        # compile once per layer (and fall back to eager past its recompile limit).
+        p = {n: (None if t is None else t.detach()) for n, t in (
+            ("ln1", self.input_layernorm.weight), ("ln2", self.post_attention_layernorm.weight),
+            ("qkv", self.qkv_weight), ("qkv_b", self.qkv_bias), ("o", self.o_weight), ("o_b", self.o_bias),
+            ("gu", self.gate_up_weight), ("down", self.down_weight))}
+        eps1, eps2 = self.input_layernorm.eps, self.post_attention_layernorm.eps
+        q, k, v = pre(x, p["ln1"], eps1, p["qkv"], p["qkv_b"], cos, sin, self.h, self.kv, self.d)
+        o = attn.forward(q, k, v, self.layer_id, batch)
+        return post(x, o, p["o"], p["o_b"], p["ln2"], eps2, p["gu"], p["down"])
 
 
 class LlamaForCausalLM(nn.Module):
@@ -131,14 +156,31 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Float32 logits `[len(batch.logits_indices), vocab]`."""
+        threads = torch.get_num_threads()
+        if threads == 1 or batch.num_tokens > SINGLE_THREAD_MAX_TOKENS or batch.input_ids.device.type != "cpu":
+            return self._forward(batch, attn)
+        torch.set_num_threads(1)
+        try:
+            return self._forward(batch, attn)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         attn.init_forward(batch)
         x = F.embedding(batch.input_ids, self.embed_tokens)
-        cos = self.rope_cos[batch.positions].unsqueeze(1)  # [T, 1, d/2], broadcast over heads
-        sin = self.rope_sin[batch.positions].unsqueeze(1)
-        for layer in self.layers:
-            x = layer(x, cos, sin, batch, attn)
-        x = self.norm(x[batch.logits_indices])
+        # [T, 1, 2, d/2], broadcast over heads: (cos, cos) and (-sin, sin) for the two halves,
+        # so each layer's rotation is x * cos + flip(x) * sin, exactly HF's arithmetic.
+        c = self.rope_cos[batch.positions].unsqueeze(1)
+        s = self.rope_sin[batch.positions].unsqueeze(1)
+        cos, sin = torch.stack((c, c), dim=2), torch.stack((-s, s), dim=2)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
+        compiled = (decode_compile.enabled() and batch.num_tokens == 1 and x.device.type == "cpu"
+                    and self.dtype == torch.bfloat16 and len(batch.logits_indices) == 1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, batch, attn, compiled)
+        if compiled:
+            return decode_compile.get("head")(x, self.norm.weight.detach(), self.norm.eps, head.detach())
+        x = self.norm(x[batch.logits_indices])
         return linear(x, head, self.packed_head).float()
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
