@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) running on a ragged ForwardBatch.
 
 Our own forward, written for the CPU first: q/k/v are one fused matmul and gate/up
-another, weights and activations stay in one dtype (bf16 on CPU, where AMX makes it
+another, weights and activations stay in one dtype (bf16 on CPU, where AVX512-BF16 or AMX makes it
 several times faster than fp32), RoPE uses a precomputed cos/sin table indexed by
 `batch.positions`, and attention (with the KV pool) is delegated to the backend. Only
 the rows in `batch.logits_indices` go through the final norm and the vocab projection.

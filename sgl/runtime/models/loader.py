@@ -97,7 +97,7 @@ def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device) -> torch
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        # bf16 everywhere we run: AMX on CPU, tensor cores on GPU.
+        # bf16 everywhere we run: AVX512-BF16/AMX on CPU, tensor cores on GPU.
         return torch.bfloat16
     table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
              "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
