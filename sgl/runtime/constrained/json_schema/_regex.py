@@ -27,6 +27,11 @@ COUNTED_CHAR = (
     r"|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
     r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
 )
+# One decoded character spelled the way `json.dumps(..., ensure_ascii=False)` spells it
+# (raw, short escape, or \u00XX for a control character): ~15 DFA states per counted
+# character where COUNTED_CHAR's free \uXXXX spellings cost ~26, so long maxLength
+# bounds stay cheap. Still sound: every match decodes to exactly one character.
+CANON_COUNTED_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u00[01][0-9a-fA-F])'
 STRING = '"' + ANY_CHAR + '*"'
 INTEGER = r"-?(?:0|[1-9][0-9]*)"
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"

@@ -1,6 +1,7 @@
 """String schemas: const-free strings with minLength/maxLength, `pattern` and `format`.
 
-Length is counted in decoded characters (`COUNTED_CHAR` matches exactly one). A
+Length is counted in decoded characters (`CANON_COUNTED_CHAR` matches exactly one,
+spelled canonically, which keeps bounds up to `MAX_STRING_COUNT` cheap in the DFA). A
 pattern or format is combined with length bounds only when the bounds are implied by
 the pattern's own width, or the pattern is a single repeated class whose repeat count
 can absorb them; intersecting two arbitrary regexes is out of reach for a regex
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._regex import COUNTED_CHAR, STRING, Frag, NEVER, repeat
+from ._regex import CANON_COUNTED_CHAR, STRING, Frag, NEVER, repeat
 from .charsets import encode_set
-from .context import MAX_COUNT, Context
+from .context import MAX_STRING_COUNT, Context
 from .formats import FORMATS, KNOWN_UNENFORCED
 from .patterns import PatternUnsupported, single_class_repeat, translate
 
@@ -22,11 +23,11 @@ def _bounds(schema: dict, ctx: Context) -> tuple[int, int | None]:
     lo = int(schema.get("minLength", 0) or 0)
     hi = schema.get("maxLength")
     hi = None if hi is None else int(hi)
-    if lo > MAX_COUNT:
-        ctx.unsupported("minLength", f"{lo} exceeds the counting limit {MAX_COUNT}")
+    if lo > MAX_STRING_COUNT:
+        ctx.unsupported("minLength", f"{lo} exceeds the counting limit {MAX_STRING_COUNT}")
         lo = 0
-    if hi is not None and hi > MAX_COUNT:
-        ctx.unsupported("maxLength", f"{hi} exceeds the counting limit {MAX_COUNT}")
+    if hi is not None and hi > MAX_STRING_COUNT:
+        ctx.unsupported("maxLength", f"{hi} exceeds the counting limit {MAX_STRING_COUNT}")
         hi = None
     return lo, hi
 
@@ -48,7 +49,7 @@ def string_regex(schema: dict[str, Any], ctx: Context) -> Frag:
     if pattern is None:
         if lo == 0 and hi is None:
             return STRING
-        return '"' + (repeat(COUNTED_CHAR, lo, hi) or "") + '"'
+        return '"' + (repeat(CANON_COUNTED_CHAR, lo, hi) or "") + '"'
     if not isinstance(pattern, str):
         ctx.unsupported("pattern", "not a string")
         return STRING
@@ -60,7 +61,7 @@ def _pattern_regex(pattern: str, lo: int, hi: int | None, ctx: Context) -> Frag:
         body, (wlo, whi) = translate(pattern)
     except PatternUnsupported as e:
         ctx.unsupported("pattern", f"{pattern!r}: {e}")
-        return '"' + (repeat(COUNTED_CHAR, lo, hi) or "") + '"'
+        return '"' + (repeat(CANON_COUNTED_CHAR, lo, hi) or "") + '"'
     if body is None:
         return NEVER
     if lo <= wlo and (hi is None or (whi is not None and whi <= hi)):
@@ -70,7 +71,7 @@ def _pattern_regex(pattern: str, lo: int, hi: int | None, ctx: Context) -> Frag:
         ranges, plo, phi = rep
         nlo = max(lo, plo)
         nhi = phi if hi is None else (hi if phi is None else min(hi, phi))
-        if nhi is not None and nhi > MAX_COUNT:
+        if nhi is not None and nhi > MAX_STRING_COUNT:
             nhi = None
             ctx.unsupported("maxLength", "combined bound exceeds the counting limit")
         return seq_quoted(repeat(encode_set(ranges), nlo, nhi))
