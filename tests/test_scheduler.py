@@ -17,11 +17,12 @@ from tests.fakes import EOS, CharTokenizer, FakeRunner, expected_output
 
 
 def make(num_slots: int = 4096, disable: bool = False, policy: str = "lpm", chunk: int = 2048,
-         max_running: int = 64) -> tuple[Scheduler, FakeRunner]:
+         max_running: int = 64, mixed: bool = False) -> tuple[Scheduler, FakeRunner]:
     runner = FakeRunner()
     kv = KVCache(RadixTree(disable=disable), SlotAllocator(num_slots), ReqToTokenPool(max_running + 8, 1024))
     cfg = SchedulerConfig(schedule_policy=policy, chunked_prefill_size=chunk, max_prefill_tokens=max(chunk, 512),
-                          max_running_requests=max_running, check_invariants_when_idle=True)
+                          max_running_requests=max_running, check_invariants_when_idle=True,
+                          enable_mixed_chunk=mixed)
     return Scheduler(cfg, runner, kv, CharTokenizer(), {EOS}), runner
 
 
@@ -177,4 +178,21 @@ def test_policies_finish_everything(policy: str) -> None:
         submit(s, rid, p, 6, results)
     run_all(s)
     assert {rid: results[rid].output_ids for rid in prompts} == {rid: expected_output(p, 6) for rid, p in prompts.items()}
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("num_slots", [4096, 200])
+def test_mixed_chunk_decodes_during_prefill(num_slots: int) -> None:
+    s, runner = make(num_slots=num_slots, chunk=16, mixed=True, max_running=8)
+    results: dict[str, ReqOutput] = {}
+    rng = random.Random(3)
+    prompts = {f"m{i}": [rng.randrange(3, 60) for _ in range(rng.randrange(5, 60))] for i in range(8)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, 20, results)
+    run_all(s)
+    for rid, p in prompts.items():
+        assert results[rid].output_ids == expected_output(p, 20)
+    if num_slots == 4096:  # with room to spare some step must carry both kinds of rows
+        assert any(1 in b.extend_lens_cpu and max(b.extend_lens_cpu) > 1 and b.prefix_lens_cpu[
+            b.extend_lens_cpu.index(1)] > 0 for b in runner.batches)
     assert_all_free(s)

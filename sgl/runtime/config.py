@@ -38,6 +38,8 @@ class EngineConfig:
     disable_radix_cache: bool = _f(False, "do not share KV between requests (for comparison)")
     attention_backend: str | None = _f(None, "torch or triton (default: triton when CUDA is available)")
     disable_jump_forward: bool = _f(False, "sample forced grammar strings token by token (for comparison)")
+    enable_mixed_chunk: bool = _f(False, "run running requests' decode steps inside prefill batches "
+                                         "(no pause while long prompts are prefilled)")
     random_seed: int = _f(0, "seed for requests without their own seed")
     grammar_compile_timeout: float = _f(30.0, "seconds before a grammar compile aborts its request")
     num_threads: int | None = _f(None, "torch CPU threads (default: all cores)")

@@ -73,6 +73,7 @@ class Engine:
                 chunked_prefill_size=cfg.chunked_prefill_size,
                 max_running_requests=cfg.max_running_requests,
                 enable_jump_forward=not cfg.disable_jump_forward,
+                enable_mixed_chunk=cfg.enable_mixed_chunk,
                 random_seed=cfg.random_seed,
                 grammar_compile_timeout=cfg.grammar_compile_timeout,
             ),

@@ -39,6 +39,7 @@ class SchedulerConfig:
     random_seed: int = 0
     grammar_compile_timeout: float = 30.0
     check_invariants_when_idle: bool = False
+    enable_mixed_chunk: bool = False
 
 
 class Scheduler:
@@ -98,8 +99,14 @@ class Scheduler:
         self._poll_grammars()
         plan = schedule_prefill(self.kv, self.cfg.schedule_policy, self.waiting, self.prefilling,
                                 len(self.running), self._limits())
-        if not plan and self.running:
-            plan, retracted = schedule_decode(self.kv, self.running, self.waiting)
+        # Mixed chunk: running requests decode in the same step as a prefill instead of
+        # pausing for it (lower inter-token latency while long prompts arrive); only when
+        # they fit as they are, so a prefill never causes a retraction.
+        mix = (self.cfg.enable_mixed_chunk and bool(plan)
+               and self.kv.available() >= sum(r.num_pending for r in self.running))
+        if (not plan or mix) and self.running:
+            decode_plan, retracted = schedule_decode(self.kv, self.running, self.waiting)
+            plan = plan + decode_plan
             for r in retracted:
                 self.stats["num_retractions_total"] += 1
                 if r.num_retractions < 0:
