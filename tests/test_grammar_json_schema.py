@@ -158,3 +158,11 @@ def test_annotations_ignored_silently():
         warnings.simplefilter("error")
         schema_to_regex({"type": "integer", "title": "t", "description": "d", "examples": [1],
                          "$schema": "x", "default": 1, "deprecated": True, "$comment": "c"})
+
+
+def test_pathologically_nested_schema_is_a_clear_error_not_a_crash():
+    schema: dict = {"type": "string"}
+    for _ in range(3000):  # deeper than Python's recursion limit
+        schema = {"allOf": [schema]}
+    with pytest.raises(UnsupportedSchemaError, match="nests too deeply"):
+        schema_to_regex(schema)

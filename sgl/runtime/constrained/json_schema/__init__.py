@@ -34,7 +34,10 @@ def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | No
             raise UnsupportedSchemaError("schema", "/", f"not valid JSON: {e}") from None
     ws = "" if not whitespace else "(?:" + whitespace + ")"
     ctx = Context(root=schema, ws=ws, strict=strict)
-    out = convert(schema, ctx)
+    try:
+        out = convert(schema, ctx)
+    except RecursionError:  # deeply nested allOf/anyOf merges: a clear error, not a crash
+        raise UnsupportedSchemaError("schema", "/", "the schema nests too deeply to convert") from None
     if out is None:
         raise UnsupportedSchemaError("schema", "/", "the schema accepts no instance")
     return out
