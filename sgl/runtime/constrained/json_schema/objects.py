@@ -1,10 +1,11 @@
 """Object schemas: declared properties in declared order (required ones always,
 optional ones maybe), then any additional members the schema allows.
 
-Commas are placed by building the member list right to left with two tails: one for
-"a member was already written" (every next member needs a leading comma) and one for
-"nothing written yet". Additional members come last; their keys must differ from every
-declared name, which `key_not_in` spells as a trie complement over decoded characters.
+Commas go only between members. Once a required member is known to be written the
+list is linear; an all-optional list is split in halves recursively so each member
+regex appears O(log k) times (the copies multiply through nested objects).
+Additional members come last; their keys must differ from every declared name, which
+`key_not_in` spells as a trie complement over decoded characters.
 """
 
 from __future__ import annotations
@@ -77,18 +78,46 @@ def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag
     extra = _extra_member(schema, list(props), ctx, convert)
     _check_counts(schema, required, len(members), extra is not None, ctx)
     comma = ws + "," + ws
+    body = _members_body(members, extra, comma)
+    return r"\{" + ws + body + ws + r"\}"
+
+
+def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str) -> str:
+    """The member list between the braces, commas only between members.
+
+    With a required member the list is linear: the optional members before the first
+    required one each carry a trailing comma, the rest a leading one. Without one the
+    list may be empty, so no member knows its comma side; `_nonempty` splits the items
+    in halves so each member regex is copied O(log k) times rather than once per
+    earlier optional member (copies multiply through nesting).
+    """
+    first_req = next((i for i, (_, req) in enumerate(members) if req), None)
+    if first_req is not None:
+        out = "".join(group(m + comma) + "?" for m, _ in members[:first_req])
+        out += members[first_req][0]
+        for m, req in members[first_req + 1:]:
+            out += comma + m if req else group(comma + m) + "?"
+        if extra is not None:
+            out += group(comma + extra) + "*"
+        return out
+    # (nonempty form, form followed by a comma and possibly absent)
+    items = [(m, group(m + comma) + "?") for m, _ in members]
     if extra is not None:
-        tail_t = group(comma + extra) + "*"
-        tail_f = group(extra + group(comma + extra) + "*") + "?"
-    else:
-        tail_t, tail_f = "", ""
-    for member, is_req in reversed(members):
-        if is_req:
-            tail_t, tail_f = comma + member + tail_t, member + tail_t
-        else:
-            tail_t, tail_f = group(comma + member) + "?" + tail_t, alt(
-                [member + tail_t, tail_f if tail_f else ""]) or ""
-    return r"\{" + ws + tail_f + ws + r"\}"
+        items.append((extra + group(comma + extra) + "*", group(extra + comma) + "*"))
+    if not items:
+        return ""
+    return group(_nonempty(items)) + "?"
+
+
+def _nonempty(items: list[tuple[str, str]]) -> str:
+    """Nonempty in-order subsequences of `items`, comma-joined: either the last chosen
+    item is in the right half (left-half items each followed by a comma, then a
+    nonempty right part) or it is in the left half."""
+    if len(items) == 1:
+        return items[0][0]
+    mid = len(items) // 2
+    left, right = items[:mid], items[mid:]
+    return alt(["".join(p for _, p in left) + _nonempty(right), _nonempty(left)]) or ""
 
 
 def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Convert) -> Frag:
