@@ -158,19 +158,7 @@ def _rust_dfa(regex: str, kind: str) -> ByteDFA:
 def trim(trans: np.ndarray, accept: np.ndarray, initial: int) -> ByteDFA:
     """Keep states reachable from `initial` that can reach acceptance; start becomes 0."""
     n = trans.shape[0]
-    src, byte = np.nonzero(trans >= 0)
-    dst = trans[src, byte].astype(np.int64)
-    # Co-reachable: frontier by frontier over reversed edges from the accepting states.
-    live = accept.copy()
-    frontier = np.nonzero(accept)[0]
-    order = np.argsort(dst, kind="stable")
-    rsrc, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
-    while frontier.size:
-        lo, hi = starts[frontier], starts[frontier + 1]
-        preds = rsrc[_ranges(lo, hi)]
-        preds = np.unique(preds[~live[preds]])
-        live[preds] = True
-        frontier = preds
+    live = coreachable(trans, accept)
     if not live[initial]:
         raise GrammarError("regex: matches nothing")
     t = np.where((trans >= 0) & live[np.maximum(trans, 0)], trans, -1)
@@ -194,6 +182,25 @@ def trim(trans: np.ndarray, accept: np.ndarray, initial: int) -> ByteDFA:
     sub = t[keep]
     out = np.where(sub >= 0, new[np.maximum(sub, 0)], -1).astype(np.int32)
     return ByteDFA(out, accept[keep].copy(), 0)
+
+
+def coreachable(trans: np.ndarray, goal: np.ndarray) -> np.ndarray:
+    """Bool [S]: states from which some byte path reaches a `goal` state."""
+    n = trans.shape[0]
+    src, byte = np.nonzero(trans >= 0)
+    dst = trans[src, byte].astype(np.int64)
+    # Frontier by frontier over reversed edges from the goal states.
+    live = goal.copy()
+    frontier = np.nonzero(goal)[0]
+    order = np.argsort(dst, kind="stable")
+    rsrc, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
+    while frontier.size:
+        lo, hi = starts[frontier], starts[frontier + 1]
+        preds = rsrc[_ranges(lo, hi)]
+        preds = np.unique(preds[~live[preds]])
+        live[preds] = True
+        frontier = preds
+    return live
 
 
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

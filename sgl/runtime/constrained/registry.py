@@ -6,8 +6,12 @@ translated to Lark), "lark" (our LALR mask engine). The regex family runs on the
 backend (lazy_regex.py: byte DFA, masks per state on demand) unless
 `SGL_REGEX_BACKEND=outlines` asks for a full outlines-core Index. Compiled tables are
 cached in memory (LRU) and, for the regex family, on disk (the byte DFA, or the Index);
-every call returns a new matcher at the start state sharing the tables. Backends are imported lazily so that a
-server that never sees a CFG never imports lark.
+every call returns a new matcher at the start state sharing the tables. A json_schema
+whose conversion needs sub-machines (recursive $refs, free-form values, very large
+subschemas) runs on the pushdown backend (pushdown.py: byte DFAs with call edges, each
+DFA disk-cached like a lazy regex's); one that fits a single regex stays on the lazy
+backend. Backends are imported lazily so that a server that never sees a CFG never
+imports lark.
 
 `GrammarCompiler` runs compiles on a worker thread so the decode loop keeps going; its
 futures fail with GrammarError on bad specs and on timeout.
@@ -95,15 +99,20 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         from .regex_grammar import (CompiledRegex, build_index, choices_to_regex,
                                     json_schema_to_regex)
 
+        # The disk entry is keyed by the final regex, not the spec: converting is cheap,
+        # and a changed converter must never be served an index built by the old one.
+        disk = _disk() if use_disk else None
+        if kind == "json_schema" and regex_backend() == "lazy":
+            machines = _schema_machines(spec)
+            if machines.subs:  # recursion, free-form values or size: the pushdown backend
+                return _build_pushdown(machines, tok, kind, disk)
+            return _build_lazy(machines.root, tok, kind, disk)
         if kind == "regex":
             regex = spec
         elif kind == "choices":
             regex = choices_to_regex(json.loads(spec))
         else:
             regex = json_schema_to_regex(spec)
-        # The disk entry is keyed by the final regex, not the spec: converting is cheap,
-        # and a changed converter must never be served an index built by the old one.
-        disk = _disk() if use_disk else None
         if regex_backend() == "lazy":
             return _build_lazy(regex, tok, kind, disk)
         disk_key = cache_key("regex", regex, tok.hash)
@@ -123,18 +132,52 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
 
 
 def _build_lazy(regex: str, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
-    from .byte_dfa import ByteDFA
-    from .dfa_build import DFA_VERSION, build_byte_dfa, dfa_engine
     from .lazy_regex import CompiledLazyRegex
 
+    return CompiledLazyRegex(_cached_dfa(regex, kind, disk), tok, kind)
+
+
+def _cached_dfa(regex: str, kind: str, disk: DiskCache | None) -> Any:
+    from . import dfa_build
+    from .byte_dfa import ByteDFA
+
     # A byte DFA does not depend on the vocabulary: one entry serves every tokenizer.
-    disk_key = cache_key(f"{DFA_VERSION}/{dfa_engine()}", regex, "bytes")
+    disk_key = cache_key(f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}", regex, "bytes")
     dfa = disk.get(disk_key) if disk is not None else None
     if not isinstance(dfa, ByteDFA):
-        dfa = build_byte_dfa(regex, kind)
+        dfa = dfa_build.build_byte_dfa(regex, kind)
         if disk is not None:
             disk.put(disk_key, dfa)
-    return CompiledLazyRegex(dfa, tok, kind)
+    return dfa
+
+
+def _schema_machines(spec: str) -> Any:
+    """The json_schema converter in machine mode; GrammarError for anything it refuses."""
+    from .json_schema import schema_to_machines
+
+    try:
+        return schema_to_machines(json.loads(spec))
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"json_schema: not valid JSON ({e})") from None
+    except GrammarError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any converter failure is a refusal, not a crash
+        raise GrammarError(f"json_schema: cannot convert schema ({e})") from None
+
+
+def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
+    """Machine regexes -> byte DFAs (each disk-cached like a lazy regex's) -> pushdown."""
+    from .pushdown import CompiledPushdown
+    from .pushdown_build import build_tables
+
+    built: dict[str, Any] = {}
+
+    def build(regex: str) -> Any:
+        if regex not in built:
+            built[regex] = _cached_dfa(regex, kind, disk)
+        return built[regex]
+
+    return CompiledPushdown(build_tables(machines.root, machines.subs, build, kind), tok, kind)
 
 
 def clear_memory_cache() -> None:

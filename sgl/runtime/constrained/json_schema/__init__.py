@@ -8,6 +8,11 @@ ensure_ascii=False)` spells them where a constraint looks inside them. Anything 
 regex matches validates; valid instances are matched when serialized that way.
 Keywords we cannot enforce raise `UnsupportedSchemaError` (strict) or are dropped with
 a warning (relaxed); annotations (title, description, examples, ...) are ignored.
+
+`schema_to_machines` is the same conversion in machine mode (machines.py): recursive
+$refs, free-form values and large subschemas become sub-machines called from the
+regex, for the pushdown backend; with no sub-machine its root is `schema_to_regex`'s
+regex.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .context import MAX_COUNT, MAX_REF_DEPTH, Context, UnsupportedSchemaError
+from ._regex import ReservedCodePoint
+from .context import MAX_COUNT, MAX_REF_DEPTH, MAX_REGEX_CHARS, Context, UnsupportedSchemaError
 from .converter import convert
+from .machines import MachineSpec, Machines
 
 
 def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
@@ -27,17 +34,44 @@ def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | No
     `strict=False` drops unenforceable keywords with a `warnings.warn` instead of
     raising `UnsupportedSchemaError`.
     """
+    schema, ws = _parse(schema, whitespace)
+    return _run(schema, Context(root=schema, ws=ws, strict=strict))
+
+
+def schema_to_machines(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
+                       strict: bool = True) -> MachineSpec:
+    """Machine-mode conversion: the root regex and the sub-machine regexes it calls
+    (`MachineSpec`). Same options and errors as `schema_to_regex`."""
+    schema, ws = _parse(schema, whitespace)
+    machines = Machines(ws)
+    ctx = Context(root=schema, ws=ws, strict=strict, machines=machines)
+    try:
+        root = _run(schema, ctx)
+    except OverflowError as e:
+        raise UnsupportedSchemaError("schema", "/", str(e)) from None
+    for sub in machines.regexes:
+        if sub is not None and len(sub) > MAX_REGEX_CHARS:
+            raise UnsupportedSchemaError("schema", "/", f"regex exceeds {MAX_REGEX_CHARS} characters")
+    return machines.spec(root)
+
+
+def _parse(schema: Any, whitespace: str | None) -> tuple[Any, str]:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise UnsupportedSchemaError("schema", "/", f"not valid JSON: {e}") from None
-    ws = "" if not whitespace else "(?:" + whitespace + ")"
-    ctx = Context(root=schema, ws=ws, strict=strict)
+    return schema, "" if not whitespace else "(?:" + whitespace + ")"
+
+
+def _run(schema: Any, ctx: Context) -> str:
     try:
         out = convert(schema, ctx)
     except RecursionError:  # deeply nested allOf/anyOf merges: a clear error, not a crash
         raise UnsupportedSchemaError("schema", "/", "the schema nests too deeply to convert") from None
+    except (ReservedCodePoint, AssertionError):  # a literal spelling a reserved code point
+        raise UnsupportedSchemaError("enum", ctx.pointer,
+                                     "code points U+10F000..U+10FFFF are reserved") from None
     if out is None:
         raise UnsupportedSchemaError("schema", "/", "the schema accepts no instance")
     return out
@@ -111,5 +145,5 @@ def _deref(s: Any, root: Any) -> Any:
     return s if isinstance(s, dict) else {}
 
 
-__all__ = ["schema_to_regex", "canonical_json", "UnsupportedSchemaError", "MAX_COUNT",
-           "MAX_REF_DEPTH"]
+__all__ = ["schema_to_regex", "schema_to_machines", "MachineSpec", "canonical_json",
+           "UnsupportedSchemaError", "MAX_COUNT", "MAX_REF_DEPTH"]

@@ -15,15 +15,22 @@ from typing import Iterable, Optional
 Frag = Optional[str]
 NEVER: Frag = None
 
-MAX_CODEPOINT = 0x10FFFF
+# Code points U+10F000..U+10FFFF (the top of Plane 16's private use area) are reserved
+# as call markers of the pushdown backend (see machines.py): one marker per sub-machine
+# stands for "a value of that machine appears here". Every character class the
+# converter emits stops below them, so a marker byte path in a DFA is never text.
+RESERVED_BASE = 0x10F000
+RESERVED_COUNT = 0x1000
+MAX_CODEPOINT = RESERVED_BASE - 1
 SURROGATES = (0xD800, 0xDFFF)
+_NOT_RESERVED = r"\U0010f000-\U0010ffff"
 
 # One character of a JSON string body, any spelling (raw, short escape, \uXXXX).
-ANY_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+ANY_CHAR = r'(?:[^"\\\x00-\x1f' + _NOT_RESERVED + r']|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 # One *decoded* character per match, so counting matches counts characters:
 # \u escapes outside the surrogate block, or a full surrogate pair.
 COUNTED_CHAR = (
-    r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]'
+    r'(?:[^"\\\x00-\x1f' + _NOT_RESERVED + r']|\\["\\/bfnrt]'
     r"|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
     r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
 )
@@ -31,7 +38,7 @@ COUNTED_CHAR = (
 # (raw, short escape, or \u00XX for a control character): ~15 DFA states per counted
 # character where COUNTED_CHAR's free \uXXXX spellings cost ~26, so long maxLength
 # bounds stay cheap. Still sound: every match decodes to exactly one character.
-CANON_COUNTED_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u00[01][0-9a-fA-F])'
+CANON_COUNTED_CHAR = r'(?:[^"\\\x00-\x1f' + _NOT_RESERVED + r']|\\["\\/bfnrt]|\\u00[01][0-9a-fA-F])'
 STRING = '"' + ANY_CHAR + '*"'
 INTEGER = r"-?(?:0|[1-9][0-9]*)"
 NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
@@ -57,7 +64,21 @@ def esc_char(cp: int) -> str:
 
 def literal(text: str) -> str:
     """A regex matching exactly `text` (raw bytes of already-encoded JSON)."""
+    if any(ord(c) >= RESERVED_BASE for c in text):
+        # Spelled literally it would read as a call marker; no schema in practice uses these.
+        raise ReservedCodePoint(text)
     return "".join(esc_char(ord(c)) for c in text)
+
+
+class ReservedCodePoint(ValueError):
+    """A literal uses a code point reserved for call markers (U+10F000..U+10FFFF)."""
+
+
+def call_marker(machine_id: int) -> str:
+    """The regex text standing for one value of sub-machine `machine_id`."""
+    if not 0 <= machine_id < RESERVED_COUNT:
+        raise ValueError(f"machine id {machine_id} outside the marker range")
+    return "\\U%08x" % (RESERVED_BASE + machine_id)
 
 
 def json_literal(value: object) -> str:
@@ -119,6 +140,9 @@ def char_class(ranges: list[tuple[int, int]]) -> Frag:
     """A class matching code points in `ranges` (surrogates dropped); NEVER if empty."""
     parts = []
     for lo, hi in ranges:
+        hi = min(hi, MAX_CODEPOINT)  # never the reserved marker range
+        if lo > hi:
+            continue
         for a, b in _minus_surrogates(lo, hi):
             parts.append(esc_char(a) if a == b else esc_char(a) + "-" + esc_char(b))
     if not parts:

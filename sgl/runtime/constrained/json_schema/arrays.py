@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from ._regex import Frag, NEVER, alt, group, repeat
 from .context import MAX_COUNT, Context
+from .machines import shrink
 
 Convert = Callable[[Any, Context], Frag]
 
@@ -48,6 +49,13 @@ def array_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag:
     ctx.path.append("items")
     tail_re = convert(tail, ctx) if tail is not False else NEVER
     ctx.path.pop()
+    # Machine mode: tuple items repeated past the size budget become calls.
+    return shrink(pre + [tail_re], lambda parts: _build(parts[:-1], parts[-1], lo, hi, ws),
+                  ctx.machines)
+
+
+def _build(pre: list[Frag], tail_re: Frag, lo: int, hi: Any, ws: str) -> Frag:
+    comma = ws + "," + ws
     # Alternatives by how many elements are present: within the prefix, or past it.
     alts: list[Frag] = []
     k = len(pre)

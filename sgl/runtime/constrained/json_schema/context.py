@@ -1,14 +1,17 @@
 """Conversion state shared by the per-type builders: options, the root document for
-`$ref` lookups, the current JSON pointer, the recursion stack, and the strict/relaxed
-policy for keywords we cannot enforce."""
+`$ref` lookups, the current JSON pointer, the recursion stack, the strict/relaxed
+policy for keywords we cannot enforce, and (machine mode) the sub-machine table."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgl.runtime.constrained.base import GrammarError
+
+if TYPE_CHECKING:
+    from .machines import Machines
 
 # Bounded counting is what makes outlines-core's DFA explode (its unanchored start
 # state tracks every possible restart). Bounds above this are "cannot enforce".
@@ -16,12 +19,14 @@ MAX_COUNT = 64
 # minLength/maxLength of a plain string: counted with CANON_COUNTED_CHAR (~15 DFA
 # states per count, ~0.6 s of DFA build at 1024), so the bound can be much higher.
 MAX_STRING_COUNT = 1024
-# How many times one $ref may be open on the expansion stack (recursive schemas).
+# How many times one $ref may be open on the expansion stack (recursive schemas) in
+# single-regex mode; machine mode calls the $ref's machine instead (no bound).
 MAX_REF_DEPTH = 2
 # Past this much regex text the DFA is too big to build within the compile budget
 # (MaskBench sample: 60-100k chars build in ~1-6 s; 100-150k in ~3-12 s).
 MAX_REGEX_CHARS = 100_000
-# Nesting depth of values left unconstrained by the schema ({} / true).
+# Nesting depth of values left unconstrained by the schema ({} / true) in single-regex
+# mode; machine mode calls a recursive any-value machine instead (no bound).
 ANY_VALUE_DEPTH = 1
 
 
@@ -42,6 +47,8 @@ class Context:
     strict: bool = True
     ref_stack: list[str] = field(default_factory=list)
     path: list[str] = field(default_factory=list)
+    # Machine mode (see machines.py) when set; None = everything inlined in one regex.
+    machines: "Machines | None" = None
 
     @property
     def pointer(self) -> str:

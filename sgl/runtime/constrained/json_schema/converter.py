@@ -1,7 +1,8 @@
 """The recursive walk: one (sub)schema in, one regex fragment out.
 
-Order of work for a schema: booleans; `$ref` (merged with its siblings, depth-bounded
-on recursion, the cut-off branch matching nothing); `allOf` merged into one schema;
+Order of work for a schema: booleans; `$ref` (merged with its siblings; on recursion
+depth-bounded, the cut-off branch matching nothing, or in machine mode a call of the
+$ref's own machine); `allOf` merged into one schema;
 `anyOf`/`oneOf` distributed over their siblings and emitted as an alternation
 (`oneOf` only when its branches provably exclude each other); `enum`/`const` as
 literal alternatives; then one builder per JSON type.
@@ -12,10 +13,12 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ._regex import BOOLEAN, NULL, NUMBER, STRING, Frag, NEVER, alt, group, json_literal
+from ._regex import (BOOLEAN, NULL, NUMBER, STRING, Frag, NEVER, alt, call_marker, group,
+                     json_literal)
 from .arrays import array_regex
-from .combinators import canon, merge, normalize_bounds, resolve_ref, types_of
+from .combinators import _ANNOTATIONS, canon, merge, normalize_bounds, resolve_ref, types_of
 from .context import ANY_VALUE_DEPTH, MAX_REF_DEPTH, MAX_REGEX_CHARS, Context, UnsupportedSchemaError
+from .machines import SPLIT_CHARS, shrink
 from .numbers import int_range, number_range
 from .objects import object_regex
 from .strings import string_regex
@@ -32,6 +35,9 @@ _UNSUPPORTED_ANY = ("not", "if", "then", "else")
 
 def convert(schema: Any, ctx: Context) -> Frag:
     out = _convert(schema, ctx)
+    if ctx.machines is not None and out is not None and len(out) > SPLIT_CHARS and ctx.path:
+        # Machine mode: a large value becomes a call (the root itself never does).
+        return ctx.machines.call(out)
     if out is not None and len(out) > MAX_REGEX_CHARS:
         # Regex text this large means a DFA outlines-core cannot index in time.
         raise UnsupportedSchemaError("schema", ctx.pointer,
@@ -84,6 +90,8 @@ def _inline_refs(schema: Any, ctx: Context) -> Any:
 
 
 def _ref(schema: dict, ctx: Context) -> Frag:
+    if ctx.machines is not None:
+        return _ref_machine(schema, ctx)
     ref = schema["$ref"]
     if ctx.ref_stack.count(ref) >= MAX_REF_DEPTH:
         return NEVER  # recursion bound: the deeper branch matches nothing
@@ -96,6 +104,39 @@ def _ref(schema: dict, ctx: Context) -> Frag:
         return convert(merge(target, rest, ctx) if rest else target, ctx)
     finally:
         ctx.ref_stack.pop()
+
+
+def _ref_machine(schema: dict, ctx: Context) -> Frag:
+    """Machine mode: a $ref converts once (memoized); met again while open, it is
+    recursive and becomes its own machine, called from inside itself."""
+    m = ctx.machines
+    assert m is not None
+    ref = schema["$ref"]
+    rest = {k: v for k, v in schema.items() if k != "$ref"}
+    checked = {k: v for k, v in rest.items() if k not in _ANNOTATIONS}
+    key = ref if not checked else ref + "\0" + canon(checked)
+    if key in ctx.ref_stack:
+        mid = m.ref_ids.get(key)
+        if mid is None:
+            mid = m.ref_ids[key] = m.reserve()
+        return call_marker(mid)
+    if key in m.ref_memo:
+        return m.ref_memo[key]
+    target = resolve_ref(ref, ctx)
+    ctx.ref_stack.append(key)
+    try:
+        if target is None:
+            out = convert(rest, ctx)
+        else:
+            out = convert(merge(target, rest, ctx) if rest else target, ctx)
+    finally:
+        ctx.ref_stack.pop()
+    mid = m.ref_ids.get(key)
+    if mid is not None:
+        m.define(mid, out)
+        out = call_marker(mid)
+    m.ref_memo[key] = out
+    return out
 
 
 def _alternatives(schema: dict, kw: str, ctx: Context) -> Frag:
@@ -112,7 +153,7 @@ def _alternatives(schema: dict, kw: str, ctx: Context) -> Frag:
         ctx.path += [kw, str(i)]
         frags.append(convert(b, ctx))
         ctx.path[-2:] = []
-    return alt(frags)
+    return shrink(frags, alt, ctx.machines)
 
 
 def _enum(schema: dict, ctx: Context) -> Frag:
@@ -232,7 +273,10 @@ def _number(schema: dict, integer: bool, ctx: Context) -> Frag:
 
 
 def any_value(ctx: Context, depth: int) -> str:
-    """Any JSON value, nested at most `depth` containers deep."""
+    """Any JSON value, nested at most `depth` containers deep (any depth in machine
+    mode: a call of the free-form machine)."""
+    if ctx.machines is not None:
+        return ctx.machines.any_value()
     scalars = [STRING, NUMBER, BOOLEAN, NULL]
     if depth <= 0:
         return group("|".join(scalars))

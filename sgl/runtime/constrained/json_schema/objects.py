@@ -18,6 +18,7 @@ from ._regex import ANY_CHAR, STRING, Frag, NEVER, alt, group
 from .charsets import complement, encode_literal, encode_set
 from .combinators import merge
 from .context import Context
+from .machines import shrink
 from .patterns import PatternUnsupported, translate
 
 Convert = Callable[[Any, Context], Frag]
@@ -63,7 +64,8 @@ def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag
                "unevaluatedProperties"):
         if kw in schema:
             ctx.unsupported(kw)
-    members: list[tuple[str, bool]] = []
+    keys: list[tuple[str, bool]] = []
+    values: list[Frag] = []
     for name, sub in props.items():
         ctx.path += ["properties", name]
         value = convert(sub, ctx)
@@ -73,13 +75,18 @@ def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag
             if is_req:
                 return NEVER
             continue
-        key = '"' + encode_literal(name) + '"'
-        members.append((key + ws + ":" + ws + value, is_req))
+        keys.append(('"' + encode_literal(name) + '"', is_req))
+        values.append(value)
     extra = _extra_member(schema, list(props), ctx, convert)
-    _check_counts(schema, required, len(members), extra is not None, ctx)
+    _check_counts(schema, required, len(keys), extra is not None, ctx)
     comma = ws + "," + ws
-    body = _members_body(members, extra, comma)
-    return r"\{" + ws + body + ws + r"\}"
+
+    def build(vals: list[Frag]) -> Frag:
+        members = [(k + ws + ":" + ws + str(v), req) for (k, req), v in zip(keys, vals)]
+        return r"\{" + ws + _members_body(members, extra, comma) + ws + r"\}"
+
+    # Machine mode: member values copied past the size budget become calls.
+    return shrink(values, build, ctx.machines)
 
 
 def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str) -> str:

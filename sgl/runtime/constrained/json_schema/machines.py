@@ -1,0 +1,103 @@
+"""Sub-machines: the converter's way out of one giant regex.
+
+In machine mode the converter emits a root regex plus a list of sub-machine regexes.
+A regex may contain *call markers* (`call_marker(i)`, a reserved code point) meaning
+"one value of machine i appears here"; the pushdown backend (constrained/pushdown*.py)
+turns each marker into a call edge of a byte DFA. A subschema becomes its own machine
+when it is recursive (a `$ref` met again while it is being converted), a free-form
+value (any JSON value at any depth: one self-calling machine), or when its regex text
+grows past `SPLIT_CHARS`; machines are memoized by regex text, so a `$ref` used fifty
+times is built once. Small subschemas stay inline, so a schema with none of the above
+converts to exactly the regex of single-regex mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ._regex import BOOLEAN, NULL, NUMBER, STRING, Frag, RESERVED_COUNT, call_marker, group
+
+# A subschema regex longer than this becomes a machine of its own. Small enough that
+# every DFA builds in well under a second; large enough that typical schemas (and all
+# that fit one regex today without free-form values) stay a single machine.
+SPLIT_CHARS = 6000
+# Members, items or branches shorter than this are never worth a call.
+MIN_EXTRACT_CHARS = 48
+
+
+@dataclass
+class MachineSpec:
+    """Conversion result: machine 0 is the root; `call_marker(i)` calls `subs[i]`.
+
+    A sub-machine regex may be None (it matches nothing); calls to it are dead.
+    """
+
+    root: str
+    subs: list[str | None] = field(default_factory=list)
+
+
+class Machines:
+    """Sub-machines collected during one conversion (ids in creation order)."""
+
+    def __init__(self, ws: str) -> None:
+        self.ws = ws
+        self.regexes: list[str | None] = []
+        self._by_text: dict[str, int] = {}
+        self.ref_ids: dict[str, int] = {}  # recursive $refs: id reserved before the regex
+        self.ref_memo: dict[str, Frag] = {}
+        self._any: str | None = None
+
+    def reserve(self) -> int:
+        if len(self.regexes) >= RESERVED_COUNT:
+            raise OverflowError(f"more than {RESERVED_COUNT} sub-machines")
+        self.regexes.append(None)
+        return len(self.regexes) - 1
+
+    def define(self, mid: int, regex: Frag) -> None:
+        self.regexes[mid] = regex
+        if regex is not None:
+            self._by_text.setdefault(regex, mid)
+
+    def call(self, regex: str) -> str:
+        """The marker calling a machine for `regex` (one machine per distinct text)."""
+        mid = self._by_text.get(regex)
+        if mid is None:
+            mid = self.reserve()
+            self.define(mid, regex)
+        return call_marker(mid)
+
+    def any_value(self) -> str:
+        """The marker of the free-form machine: any JSON value, nested to any depth."""
+        if self._any is None:
+            mid = self.reserve()
+            self._any = v = call_marker(mid)
+            ws, comma = self.ws, self.ws + "," + self.ws
+            arr = r"\[" + ws + group(v + group(comma + v) + "*") + "?" + ws + r"\]"
+            member = STRING + ws + ":" + ws + v
+            obj = r"\{" + ws + group(member + group(comma + member) + "*") + "?" + ws + r"\}"
+            self.define(mid, group("|".join([STRING, NUMBER, BOOLEAN, NULL, arr, obj])))
+        return self._any
+
+    def spec(self, root: str) -> MachineSpec:
+        return MachineSpec(root, list(self.regexes))
+
+
+def shrink(parts: Sequence[Frag], build: Callable[[list[Frag]], Frag],
+           machines: Machines | None, limit: int = SPLIT_CHARS) -> Frag:
+    """`build(parts)`, with the longest parts turned into calls while the result is
+    longer than `limit` (parts can be copied several times by `build`). Lowers the
+    length a part must have to be called, halving, until the result fits or no part
+    is left worth a call."""
+    out = build(list(parts))
+    if machines is None or out is None or len(out) <= limit:
+        return out
+    cut = limit // 2
+    cur = list(parts)
+    while cut >= MIN_EXTRACT_CHARS:
+        cur = [machines.call(p) if p is not None and len(p) > cut else p for p in cur]
+        out = build(cur)
+        if out is None or len(out) <= limit:
+            return out
+        cut //= 2
+    return out
