@@ -24,6 +24,13 @@ from .byte_dfa import ByteDFA
 from .dfa_build import coreachable
 
 _LEAD, _MARK = 0xF4, 0x8F  # U+10F000..U+10FFFF = F4 8F [80-BF] [80-BF]
+# The last reserved code point ends every machine regex. The Rust DFA has leftmost-
+# first match semantics: once an earlier alternative has matched it drops the threads
+# that would continue (`(?:a|ab)` never matches "ab"). With an end marker no match
+# happens before the last byte, so no thread is dropped; the states with an end-marker
+# path become the accepting ones.
+END_ID = 0xFFF
+END_MARKER = "\\U0010ffff"
 
 
 @dataclass
@@ -52,8 +59,10 @@ class PushdownTables:
 
 
 def split_calls(dfa: ByteDFA, num_subs: int, kind: str) -> Machine:
-    """Cut marker paths out of `dfa` into call edges (callee index = sub id + 1)."""
+    """Cut marker paths out of `dfa` (built from `(?:regex)` + END_MARKER) into call
+    edges (callee index = sub id + 1) and accepting states."""
     trans = dfa.trans.copy()
+    accept = np.zeros(trans.shape[0], dtype=bool)  # only end-marker paths accept
     calls: dict[int, list[tuple[int, int]]] = {}
     src = np.nonzero(trans[:, _LEAD] >= 0)[0]
     mids = trans[src, _LEAD]
@@ -65,6 +74,9 @@ def split_calls(dfa: ByteDFA, num_subs: int, kind: str) -> Machine:
             v = int(trans[u, 0x80 + x])
             for y in np.nonzero(trans[v, 0x80:0xC0] >= 0)[0].tolist():
                 sub = x * 64 + y
+                if sub == END_ID:
+                    accept[s] = True
+                    continue
                 if sub >= num_subs:
                     raise GrammarError(f"{kind}: reserved code point U+{0x10F000 + sub:X} in text")
                 calls.setdefault(s, []).append((sub + 1, int(trans[v, 0x80 + y])))
@@ -72,7 +84,7 @@ def split_calls(dfa: ByteDFA, num_subs: int, kind: str) -> Machine:
         trans[t, _MARK] = -1
     has = np.zeros(trans.shape[0], dtype=bool)
     has[list(calls)] = True
-    return Machine(trans, dfa.accept.copy(), {s: tuple(c) for s, c in calls.items()}, has)
+    return Machine(trans, accept, {s: tuple(c) for s, c in calls.items()}, has)
 
 
 def prune(machines: list[Machine], kind: str) -> None:
@@ -123,7 +135,7 @@ def build_tables(root: str, subs: list[str | None], build: Callable[[str], ByteD
             out.append(Machine(empty, np.zeros(1, dtype=bool), {}, np.zeros(1, dtype=bool)))
             continue
         try:
-            dfa = build(regex)
+            dfa = build("(?:" + regex + ")" + END_MARKER)
         except GrammarError as e:
             if "matches nothing" not in str(e):
                 raise

@@ -13,10 +13,16 @@ converts to exactly the regex of single-regex mode.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ._regex import BOOLEAN, NULL, NUMBER, STRING, Frag, RESERVED_COUNT, call_marker, group
+from ._regex import (BOOLEAN, NULL, NUMBER, RESERVED_BASE, RESERVED_COUNT, STRING, Frag,
+                     call_marker, group)
+
+# Markers as call_marker spells them; text never spells these code points otherwise
+# (literal() refuses them, classes stop below them).
+_MARKER = re.compile(r"\\U(0010f[0-9a-f]{3})")
 
 # A subschema regex longer than this becomes a machine of its own. Small enough that
 # every DFA builds in well under a second; large enough that typical schemas (and all
@@ -49,8 +55,8 @@ class Machines:
         self._any: str | None = None
 
     def reserve(self) -> int:
-        if len(self.regexes) >= RESERVED_COUNT:
-            raise OverflowError(f"more than {RESERVED_COUNT} sub-machines")
+        if len(self.regexes) >= RESERVED_COUNT - 1:  # the last code point ends machines
+            raise OverflowError(f"more than {RESERVED_COUNT - 1} sub-machines")
         self.regexes.append(None)
         return len(self.regexes) - 1
 
@@ -80,7 +86,19 @@ class Machines:
         return self._any
 
     def spec(self, root: str) -> MachineSpec:
-        return MachineSpec(root, list(self.regexes))
+        """The machines reachable from `root` (size-driven attempts may leave unused
+        ones behind; those become None and are never built)."""
+        seen: set[int] = set()
+        todo = [root]
+        while todo:
+            for hx in _MARKER.findall(todo.pop()):
+                mid = int(hx, 16) - RESERVED_BASE
+                if mid not in seen and mid < len(self.regexes):
+                    seen.add(mid)
+                    sub = self.regexes[mid]
+                    if sub is not None:
+                        todo.append(sub)
+        return MachineSpec(root, [r if i in seen else None for i, r in enumerate(self.regexes)])
 
 
 def shrink(parts: Sequence[Frag], build: Callable[[list[Frag]], Frag],

@@ -18,7 +18,7 @@ from ._regex import ANY_CHAR, STRING, Frag, NEVER, alt, group
 from .charsets import complement, encode_literal, encode_set
 from .combinators import merge
 from .context import Context
-from .machines import shrink
+from .machines import SPLIT_CHARS, Machines, shrink
 from .patterns import PatternUnsupported, translate
 
 Convert = Callable[[Any, Context], Frag]
@@ -81,15 +81,20 @@ def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag
     _check_counts(schema, required, len(keys), extra is not None, ctx)
     comma = ws + "," + ws
 
+    m = ctx.machines
+    if m is not None and extra is not None and len(extra) > SPLIT_CHARS // 2:
+        extra = m.call(extra)  # one member (never empty), copied up to log k times
+
     def build(vals: list[Frag]) -> Frag:
         members = [(k + ws + ":" + ws + str(v), req) for (k, req), v in zip(keys, vals)]
-        return r"\{" + ws + _members_body(members, extra, comma) + ws + r"\}"
+        return r"\{" + ws + _members_body(members, extra, comma, m) + ws + r"\}"
 
     # Machine mode: member values copied past the size budget become calls.
     return shrink(values, build, ctx.machines)
 
 
-def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str) -> str:
+def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str,
+                  machines: Machines | None = None) -> str:
     """The member list between the braces, commas only between members.
 
     With a required member the list is linear: the optional members before the first
@@ -113,18 +118,23 @@ def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str) -> s
         items.append((extra + group(comma + extra) + "*", group(extra + comma) + "*"))
     if not items:
         return ""
-    return group(_nonempty(items)) + "?"
+    return group(_nonempty(items, machines)) + "?"
 
 
-def _nonempty(items: list[tuple[str, str]]) -> str:
+def _nonempty(items: list[tuple[str, str]], machines: Machines | None = None) -> str:
     """Nonempty in-order subsequences of `items`, comma-joined: either the last chosen
     item is in the right half (left-half items each followed by a comma, then a
-    nonempty right part) or it is in the left half."""
+    nonempty right part) or it is in the left half. In machine mode a large part is a
+    call (it never matches the empty string, as calls require)."""
     if len(items) == 1:
         return items[0][0]
     mid = len(items) // 2
     left, right = items[:mid], items[mid:]
-    return alt(["".join(p for _, p in left) + _nonempty(right), _nonempty(left)]) or ""
+    out = alt(["".join(p for _, p in left) + _nonempty(right, machines),
+               _nonempty(left, machines)]) or ""
+    if machines is not None and len(out) > SPLIT_CHARS // 2:
+        return machines.call(out)
+    return out
 
 
 def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Convert) -> Frag:
