@@ -21,7 +21,7 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
-from sgl.runtime.models import decode_compile
+from sgl.runtime.models import cpu_decode, decode_compile
 from sgl.runtime.models.cpu_linear import linear, pack_weight
 
 # Steps with at most this many tokens run on one CPU thread: a few-row step is bound by
@@ -156,6 +156,10 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Float32 logits `[len(batch.logits_indices), vocab]`."""
+        if cpu_decode.CpuDecoder.supports(self, attn, batch):
+            dec = cpu_decode.decoder_for(self)
+            if dec is not None:
+                return dec.forward(batch, attn.pool)
         threads = torch.get_num_threads()
         if threads == 1 or batch.num_tokens > SINGLE_THREAD_MAX_TOKENS or batch.input_ids.device.type != "cpu":
             return self._forward(batch, attn)

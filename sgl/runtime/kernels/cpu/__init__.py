@@ -1,0 +1,93 @@
+"""C kernels for the CPU path, compiled on first use with the system C compiler.
+
+`load()` builds `decode.c` with `-O3 -march=native` into
+`$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl), keyed by a hash of the source, the
+compiler and the CPU's flags, and returns the ctypes library, or None (with one
+warning) where no compiler is present or the build fails; callers then keep the torch
+path. The build takes about a second; later processes reuse the cached library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_SRC = Path(__file__).with_name("decode.c")
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("SGL_CACHE_DIR") or str(Path.home() / ".cache" / "sgl")
+    return Path(root) / "kernels"
+
+
+def _build(cc: str, src: Path, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build to a temporary name then rename, so concurrent processes never load a half file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, "-O3", "-march=native", "-fPIC", "-shared", "-o", tmp, str(src), "-lm"],
+                       check=True, capture_output=True, text=True, timeout=120)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+    lib.sgl_decode_step.restype = i
+    lib.sgl_decode_step.argtypes = [i, p, p, p, p, i, i, i, i, i, i, f, p, p, i,
+                                    p, p, p, p, p, p, i64, i, p, p, p]
+    lib.sgl_decode_ws.restype = i64
+    lib.sgl_decode_ws.argtypes = [i, i, i, i, i, i, i]
+    lib.sgl_decode_fws.restype = i64
+    lib.sgl_decode_fws.argtypes = [i, i, i, i]
+    lib.sgl_decode_fields.restype = i
+    lib.sgl_decode_simd.restype = i
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled decode library, or None if it cannot be built here."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        log.warning("no C compiler found: the CPU decode kernel is off (torch path instead)")
+        return None
+    src = _SRC.read_bytes()
+    key = hashlib.sha256(src + cc.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    out = _cache_dir() / f"decode-{key}.so"
+    try:
+        if not out.exists():
+            _build(cc, _SRC, out)
+        lib = ctypes.CDLL(str(out))
+        _declare(lib)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        log.warning("building the CPU decode kernel failed (torch path instead): %s", detail[-500:])
+        return None
+    _lib = lib
+    return lib

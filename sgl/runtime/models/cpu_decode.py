@@ -1,0 +1,114 @@
+"""Decode steps of a bf16 Llama model through the C kernel (kernels/cpu/decode.c).
+
+For a pure decode batch of at most `MAX_ROWS` requests on the CPU, the whole forward is
+one C call that reads the weights and the KV pool in place (through a table of their
+addresses) and writes float32 logits: the ~700 torch ops of an eager step cost more than
+the weight streaming they wrap at batch 1. Anything else (prefill, larger batches, fp32,
+another attention backend, no C compiler) keeps the torch path. `SGL_CPU_DECODE_KERNEL=0`
+turns it off. The kernel is single-threaded; see decode.c for its rounding contract.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sgl.runtime.executor.forward_batch import ForwardBatch
+from sgl.runtime.kernels import cpu as cpu_kernels
+
+if TYPE_CHECKING:
+    from sgl.runtime.models.llama import LlamaForCausalLM
+
+# Batch sizes up to this stream the weights once for all rows; above it the rows'
+# arithmetic outgrows one core and torch's threaded GEMMs win.
+MAX_ROWS = 4
+_FIELDS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gu", "down", "k", "v")
+
+
+def enabled() -> bool:
+    return os.environ.get("SGL_CPU_DECODE_KERNEL", "1") not in ("", "0", "false", "no")
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    if t is None:
+        return 0
+    assert t.is_contiguous() and t.device.type == "cpu"
+    return t.data_ptr()
+
+
+class CpuDecoder:
+    """Binds one model (and, lazily, one KV pool) to the C decode step."""
+
+    def __init__(self, model: "LlamaForCausalLM", lib: ctypes.CDLL) -> None:
+        self.model, self.lib = model, lib
+        c = model.config
+        self.dims = (c.vocab_size, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+        self.head = model.embed_tokens if model.lm_head is None else model.lm_head
+        self._pool: Any = None  # held, so a new pool can never reuse its id/addresses
+        self._table = torch.empty(0, dtype=torch.int64)
+        self._ws: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._fws = torch.empty(0, dtype=torch.float32)
+        self._max_len = 0
+        self.steps = 0  # decode steps run here (tests and stats read it)
+
+    @staticmethod
+    def supports(model: "LlamaForCausalLM", attn: Any, batch: ForwardBatch) -> bool:
+        pool = getattr(attn, "pool", None)
+        return (enabled() and model.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
+                and pool is not None and pool.dtype == torch.bfloat16 and type(attn).__name__ == "TorchAttentionBackend"
+                and batch.req_to_token.dtype == torch.int64 and 0 < batch.batch_size <= MAX_ROWS
+                and batch.is_decode and len(batch.logits_indices) == batch.batch_size)
+
+    def _bind_pool(self, pool: Any, max_context: int) -> None:
+        rows = []
+        for layer, k, v in zip(self.model.layers, pool.k_buffers, pool.v_buffers):
+            rows.append([_ptr(t) for t in (
+                layer.input_layernorm.weight, layer.qkv_weight, layer.qkv_bias, layer.o_weight, layer.o_bias,
+                layer.post_attention_layernorm.weight, layer.gate_up_weight, layer.down_weight, k, v)])
+        self._table = torch.tensor(rows, dtype=torch.int64)
+        _, _, nh, nkv, d, _ = self.dims
+        self._max_len = max_context
+        self._fws = torch.empty(int(self.lib.sgl_decode_fws(nh, nkv, d, max_context)), dtype=torch.float32)
+        self._pool = pool
+
+    def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ws = self._ws.get(b)
+        if ws is None:
+            vocab, hidden, nh, nkv, d, inter = self.dims
+            n = int(self.lib.sgl_decode_ws(b, hidden, nh, nkv, d, inter, vocab))
+            ws = self._ws[b] = (torch.empty(n, dtype=torch.bfloat16), torch.empty(b, vocab, dtype=torch.float32),
+                                torch.empty(b, dtype=torch.int64))
+        return ws
+
+    def forward(self, batch: ForwardBatch, pool: Any) -> torch.Tensor:
+        if self._pool is not pool or batch.req_to_token.shape[1] > self._max_len:
+            self._bind_pool(pool, batch.req_to_token.shape[1])
+        m = self.model
+        vocab, hidden, nh, nkv, d, inter = self.dims
+        b = batch.batch_size
+        ws, logits, _ = self._workspace(b)
+        r2t = batch.req_to_token
+        ids, pos, loc = batch.input_ids.contiguous(), batch.positions.contiguous(), batch.out_cache_loc.contiguous()
+        rows, lens = batch.req_pool_indices.contiguous(), batch.seq_lens.contiguous()
+        rc = self.lib.sgl_decode_step(
+            len(m.layers), _ptr(self._table), _ptr(m.embed_tokens), _ptr(m.norm.weight), _ptr(self.head),
+            vocab, hidden, nh, nkv, d, inter, float(m.norm.eps), _ptr(m.rope_cos), _ptr(m.rope_sin), b,
+            _ptr(ids), _ptr(pos), _ptr(loc), _ptr(rows), _ptr(lens), _ptr(r2t), r2t.stride(0),
+            self._max_len, _ptr(ws), _ptr(self._fws), _ptr(logits))
+        if rc != 0:
+            raise RuntimeError("CPU decode kernel: a context is longer than the request table")
+        self.steps += 1
+        return logits.clone()
+
+
+def decoder_for(model: "LlamaForCausalLM") -> CpuDecoder | None:
+    """The model's CpuDecoder, built once; None where the kernel cannot be loaded."""
+    dec = getattr(model, "_cpu_decoder", False)
+    if dec is False:
+        lib = cpu_kernels.load() if enabled() else None
+        dec = CpuDecoder(model, lib) if lib is not None else None
+        model._cpu_decoder = dec
+    return dec

@@ -1,0 +1,167 @@
+"""The C decode step (kernels/cpu/decode.c) against the torch path of the same model.
+
+Same logits to bf16 rounding, the same greedy argmax, the same K/V written into the
+pool, for batches of 1-4 requests with different context lengths, on the real model and
+on tiny random models whose shapes hit the kernel's remainder paths (hidden 72, head dim
+24, q/k/v biases). And through the engine: identical greedy text with the kernel on/off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl.runtime.attention.torch_backend import TorchAttentionBackend
+from sgl.runtime.executor.forward_batch import ForwardBatch
+from sgl.runtime.kernels import cpu as cpu_kernels
+from sgl.runtime.memory.kv_pool import KVPool
+from sgl.runtime.models import cpu_decode
+from sgl.runtime.models.llama import LlamaForCausalLM, tiny_config, tiny_random_model
+from sgl.runtime.models.loader import load_model
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler for the CPU kernel")
+
+
+def _setup(model: LlamaForCausalLM, ctx_lens: list[int], seed: int = 0):
+    """Pool + table with `ctx_lens[i] - 1` cached tokens per request (written by the torch
+    prefill), and the decode batch that adds each request's next token."""
+    c = model.config
+    pool = KVPool(4096, c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
+    attn = TorchAttentionBackend(pool)
+    r2t = torch.zeros(8, 1024, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    nxt, ids, locs = 1, [], []
+    for row, n in enumerate(ctx_lens):
+        r2t[row, :n] = torch.arange(nxt, nxt + n)
+        prompt = torch.randint(3, c.vocab_size, (n,), generator=g).tolist()
+        pre = ForwardBatch.build(prompt[:-1], r2t[row, : n - 1].tolist(), [row], [0], [n - 1], r2t)
+        model(pre, attn)
+        ids.append(prompt[-1])
+        locs.append(nxt + n - 1)
+        nxt += n
+    b = len(ctx_lens)
+    batch = ForwardBatch.build(ids, locs, list(range(b)), [n - 1 for n in ctx_lens], [1] * b, r2t)
+    return pool, attn, batch
+
+
+def _both(model: LlamaForCausalLM, ctx_lens: list[int], monkeypatch) -> tuple:
+    pool, attn, batch = _setup(model, ctx_lens)
+    assert cpu_decode.CpuDecoder.supports(model, attn, batch)
+    loc = batch.out_cache_loc
+    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "0")
+    ref = model(batch, attn)
+    kv_ref = [(pool.k_buffers[i][loc].clone(), pool.v_buffers[i][loc].clone()) for i in range(len(model.layers))]
+    for i in range(len(model.layers)):  # the kernel must write these itself
+        pool.k_buffers[i][loc] = 0
+        pool.v_buffers[i][loc] = 0
+    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "1")
+    out = model(batch, attn)
+    kv = [(pool.k_buffers[i][loc], pool.v_buffers[i][loc]) for i in range(len(model.layers))]
+    return ref, out, kv_ref, kv
+
+
+@pytest.fixture(scope="module")
+def real_model() -> LlamaForCausalLM:
+    return load_model(dtype="bfloat16").model
+
+
+@pytest.fixture(scope="module")
+def real_model_fp32() -> LlamaForCausalLM:
+    return load_model(dtype="float32").model
+
+
+def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).pow(2).mean().sqrt().item()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("ctx_lens", [[5], [40, 3], [200, 17, 64], [2, 3, 300, 33]])
+def test_real_model_logits_and_kv_match_torch(real_model, real_model_fp32, ctx_lens, monkeypatch):
+    ref, out, kv_ref, kv = _both(real_model, ctx_lens, monkeypatch)
+    assert out.shape == ref.shape == (len(ctx_lens), real_model.config.vocab_size)
+    assert out.dtype == torch.float32
+    # bf16 logits of magnitude ~20 differ by a few bf16 ulps (sums in another order) ...
+    tol = 0.04 * ref.abs().max().item()
+    assert (out - ref).abs().max().item() < tol
+    _assert_same_choice(ref, out, tol)
+    _assert_kv_close(kv_ref, kv)
+    # ... and the kernel is about as far from the float32 model as the torch bf16 path is.
+    _, attn32, batch32 = _setup(real_model_fp32, ctx_lens)
+    exact = real_model_fp32(batch32, attn32)
+    assert _rms(out, exact) <= 1.5 * _rms(ref, exact) + 0.05
+
+
+def _assert_same_choice(ref: torch.Tensor, out: torch.Tensor, tol: float) -> None:
+    """The kernel's greedy token is the torch path's, or ties with it within `tol`
+    (random prompts give flat distributions where rounding can swap near-equal logits)."""
+    for r in range(ref.shape[0]):
+        pick = int(out[r].argmax())
+        assert ref[r, pick] >= ref[r].max() - tol, (r, pick, int(ref[r].argmax()))
+
+
+def _assert_kv_close(kv_ref, kv) -> None:
+    """Layer 0 sees identical inputs (bf16 ulps apart); deeper layers drift further as
+    the residual stream's rounding differences accumulate (as between any two bf16 paths)."""
+    for layer, ((k0, v0), (k1, v1)) in enumerate(zip(kv_ref, kv)):
+        tol = 0.01 if layer == 0 else 0.1
+        for a, b in ((k0, k1), (v0, v1)):
+            assert (b.float() - a.float()).abs().max().item() <= tol * max(1.0, a.float().abs().max().item()), layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_odd_shapes_and_biases_match_torch(bias, monkeypatch):
+    config = tiny_config(hidden_size=72, num_heads=3, num_kv_heads=1, head_dim=24, intermediate_size=100,
+                         vocab_size=300, attention_bias=bias)
+    model = tiny_random_model(config, dtype=torch.bfloat16, seed=3)
+    model.prepack()
+    ref, out, kv_ref, kv = _both(model, [7, 2, 50], monkeypatch)
+    tol = 0.05 * max(1.0, ref.abs().max().item())
+    assert (out - ref).abs().max().item() < tol
+    _assert_same_choice(ref, out, tol)
+    _assert_kv_close(kv_ref, kv)
+
+
+def test_only_small_bf16_decode_batches_take_the_kernel(monkeypatch):
+    model = tiny_random_model(tiny_config(), dtype=torch.bfloat16)
+    _, attn, batch = _setup(model, [4] * (cpu_decode.MAX_ROWS + 1))
+    assert not cpu_decode.CpuDecoder.supports(model, attn, batch)  # too many rows
+    _, attn, batch = _setup(model, [4, 9])
+    assert cpu_decode.CpuDecoder.supports(model, attn, batch)
+    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "0")
+    assert not cpu_decode.CpuDecoder.supports(model, attn, batch)
+    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "1")
+    prefill = ForwardBatch.build([5, 6], [900, 901], [0], [0], [2], batch.req_to_token)
+    assert not cpu_decode.CpuDecoder.supports(model, attn, prefill)
+    fp32 = tiny_random_model(tiny_config(), dtype=torch.float32)
+    assert not cpu_decode.CpuDecoder.supports(fp32, attn, batch)
+
+
+@pytest.mark.model
+def test_engine_greedy_tokens_are_torch_greedy_choices(real_model, monkeypatch):
+    """Generate through the engine with the kernel, then replay prompt + output through
+    the torch path in one prefill: every generated token is the torch model's greedy
+    choice at its position, up to rounding ties."""
+    from sgl.runtime.engine import Engine
+
+    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "1")
+    with Engine() as e:
+        prompts = [e.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
+        # One at a time, so every decode step has batch 1 (the kernel's main case).
+        outs = [e.generate(input_ids=ids, sampling_params={"max_new_tokens": 32, "temperature": 0,
+                                                                   "ignore_eos": True})["output_ids"]
+                for ids in prompts]
+        used = e.scheduler.runner.model._cpu_decoder.steps
+    assert used >= 50  # most of the 2 x 31 decode steps
+    c = real_model.config
+    pool = KVPool(512, c.num_layers, c.num_kv_heads, c.head_dim, real_model.dtype)
+    attn = TorchAttentionBackend(pool)
+    r2t = torch.zeros(1, 512, dtype=torch.int64)
+    for ids, out in zip(prompts, outs):
+        assert len(out) == 32
+        seq = ids + out
+        r2t[0, : len(seq)] = torch.arange(1, len(seq) + 1)
+        rows = list(range(len(ids) - 1, len(seq) - 1))  # positions predicting each output token
+        batch = ForwardBatch.build(seq, r2t[0, : len(seq)].tolist(), [0], [0], [len(seq)], r2t, logits_indices=rows)
+        ref = real_model(batch, attn)
+        for i, tok in enumerate(out):
+            assert ref[i, tok] >= ref[i].max() - 0.75, (i, tok, int(ref[i].argmax()))
