@@ -105,26 +105,42 @@ class CompiledPushdown:
         return self.step_bytes(config, data) if data else None
 
     # -- masks ----------------------------------------------------------------------
-    def _walk(self, items: list, out: np.ndarray, exits: list | None) -> None:
+    def _walk(self, items: list, out: np.ndarray, exits: list | None,
+              busy: frozenset = frozenset()) -> None:
         """Walk token rows through machines, forking at calls and returns.
 
         An item is (machine, ctx, k, rows, states, fresh): rows of the vocabulary byte
-        table at byte offset k in `states` of `machine`, with `ctx` the flat stack of
-        frames pushed under it. A row alive at its end sets out[row]. Where the
-        machine accepts with ctx empty, (k, rows) goes to `exits` when given (the
-        caller is not known here), else the rows die (nothing below to return to).
+        table (ascending, so longest tokens first) at byte offset k in `states` of
+        `machine`, with `ctx` the flat stack of frames pushed under it. A row alive at
+        its end sets out[row]. Where the machine accepts with ctx empty, (k, rows) goes
+        to `exits` when given (the caller is not known here), else the rows die
+        (nothing below to return to). A call at offset 0 reuses the callee's cached
+        frame (`busy` frames are being computed: left recursion walks instead).
         """
         w = VocabWalker.of(self.tok)
-        lens, mat = w.lens, w.mat
+        mat, ends = w.mat, w.ends
+        n_all = w.ids.size
         while items:
             m, ctx, k, rows, st, fresh = items.pop()
             mach = self.machines[m]
+            if k == 0 and rows.size == n_all and (m, int(st[0])) not in busy \
+                    and not (st != st[0]).any():
+                inside, ek, er = self._frame(m, int(st[0]), busy)
+                np.logical_or(out, np.unpackbits(inside, count=n_all).view(bool), out=out)
+                for k2 in np.unique(ek).tolist():
+                    sel = er[ek == k2]
+                    if ctx:
+                        items.append((ctx[-2], ctx[:-2], k2, sel,
+                                      np.full(sel.size, ctx[-1], dtype=np.int64), frozenset()))
+                    elif exits is not None:
+                        exits.append((k2, sel))
+                continue
             while rows.size:
-                ended = lens[rows] <= k
-                if ended.any():
-                    out[rows[ended]] = True
-                    rows, st = rows[~ended], st[~ended]
-                    if not rows.size:
+                cut = int(np.searchsorted(rows, ends[k])) if k < ends.size else 0
+                if cut < rows.size:  # rows past ends[k] have no byte k: ended alive
+                    out[rows[cut:]] = True
+                    rows, st = rows[:cut], st[:cut]
+                    if not cut:
                         break
                 hc = mach.has_call[st]
                 if hc.any():
@@ -148,7 +164,8 @@ class CompiledPushdown:
                 k += 1
                 fresh = frozenset()
 
-    def _frame(self, m: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _frame(self, m: int, s: int, busy: frozenset = frozenset()
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(packed row mask of tokens staying above the frame, exit offsets, exit rows)."""
         key = (m, s)
         with self._lock:
@@ -161,7 +178,8 @@ class CompiledPushdown:
         out = np.zeros(n, dtype=bool)
         exits: list = []
         rows = np.arange(n, dtype=np.int64)
-        self._walk([(m, (), 0, rows, np.full(n, s, dtype=np.int64), frozenset())], out, exits)
+        self._walk([(m, (), 0, rows, np.full(n, s, dtype=np.int64), frozenset())], out, exits,
+                   busy | {key})
         if exits:
             ek = np.concatenate([np.full(r.size, k, dtype=np.int64) for k, r in exits])
             er = np.concatenate([r for _, r in exits])
