@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import jsonschema
 
-from ._regex import ANY_CHAR, STRING, Frag, NEVER, alt, group
-from .charsets import complement, encode_literal, encode_set
+from ._regex import ANY_CHAR, MAX_CODEPOINT, STRING, Frag, NEVER, alt, group
+from .charsets import complement, encode_literal, encode_set, intersect
 from .combinators import merge
 from .context import Context
 from .machines import SPLIT_CHARS, Machines, shrink
@@ -29,7 +29,10 @@ def key_not_in(names: list[str]) -> str:
 
     Spelled as (paths ending at a non-name trie node) | (paths leaving the trie) + one
     shared "rest of string" tail: outlines-core does not minimize its DFA, so a tail
-    copied per trie node would multiply the states it has to index.
+    copied per trie node would multiply the states it has to index. When every name is
+    printable ASCII without `"` or `\\`, a character outside that set leaves the trie
+    from any node; it is spelled once after a copy of the trie, so its multi-byte
+    UTF-8 and escape spellings cost DFA states once instead of once per trie node.
     """
     trie: dict = {}
     for n in names:
@@ -37,20 +40,30 @@ def key_not_in(names: list[str]) -> str:
         for ch in n:
             node = node.setdefault(ch, {})
         node["$end"] = True
+    plain = all(0x20 <= ord(ch) <= 0x7E and ch not in '"\\' for n in names for ch in n)
+    # Characters that never label a trie edge when `plain`: exits from every node.
+    wide = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, MAX_CODEPOINT)]
+    narrow = [(0x20, 0x7E)] if plain else [(0, MAX_CODEPOINT)]
 
-    def walk(node: dict) -> tuple[Frag, Frag]:
+    def walk(node: dict) -> tuple[Frag, Frag, Frag]:
         kids = sorted(k for k in node if k != "$end")
         ends: list[Frag] = [] if node.get("$end") else [""]
-        exits: list[Frag] = [encode_set(complement([(ord(k), ord(k)) for k in kids]))]
+        exits: list[Frag] = [encode_set(intersect(narrow, complement([(ord(k), ord(k)) for k in kids])))]
+        prefixes: list[Frag] = [""]
         for k in kids:
-            e, x = walk(node[k])
+            e, x, p = walk(node[k])
             lit = encode_literal(k)
             ends.append(None if e is None else lit + e)
             exits.append(None if x is None else lit + x)
-        return alt(ends), alt(exits)
+            prefixes.append(lit + (p or ""))
+        return alt(ends), alt(exits), alt(prefixes)
 
-    ends, exits = walk(trie)
-    body = alt([ends, None if exits is None else exits + ANY_CHAR + "*"])
+    ends, exits, prefixes = walk(trie)
+    tail = ANY_CHAR + "*"
+    parts = [ends, None if exits is None else exits + tail]
+    if plain:
+        parts.append(group(prefixes or "") + encode_set(wide) + tail)
+    body = alt(parts)
     return '"' + (body or "") + '"'
 
 
