@@ -165,3 +165,36 @@ def test_engine_greedy_tokens_are_torch_greedy_choices(real_model, monkeypatch):
         ref = real_model(batch, attn)
         for i, tok in enumerate(out):
             assert ref[i, tok] >= ref[i].max() - 0.75, (i, tok, int(ref[i].argmax()))
+
+
+def test_two_threads_give_bit_identical_logits_also_when_callers_race(monkeypatch):
+    """Rows are split between the caller and the helper thread, each row computed the
+    same way: logits are identical to one thread's. Two callers at once (two engines in
+    one process) must not corrupt each other: the second runs single-threaded."""
+    import threading
+
+    config = tiny_config(hidden_size=128, intermediate_size=512, vocab_size=1000)
+    runs = []
+    for seed in (0, 1):
+        model = tiny_random_model(config, dtype=torch.bfloat16, seed=seed)
+        model.prepack()
+        _, attn, batch = _setup(model, [9, 30, 4], seed=seed)
+        runs.append((model, attn, batch))
+    monkeypatch.setenv("SGL_CPU_DECODE_THREADS", "1")
+    single = [m(b, a) for m, a, b in runs]
+    monkeypatch.setenv("SGL_CPU_DECODE_THREADS", "2")
+    assert all(torch.equal(m(b, a), s) for (m, a, b), s in zip(runs, single))
+    bad: list[int] = []
+
+    def hammer(i: int) -> None:
+        m, a, b = runs[i]
+        for _ in range(200):
+            if not torch.equal(m(b, a), single[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []

@@ -1,6 +1,6 @@
 """C kernels for the CPU path, compiled on first use with the system C compiler.
 
-`load()` builds `decode.c` with `-O3 -march=native` into
+`load()` builds `decode.c` and `team.c` with `-O3 -march=native` into
 `$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl), keyed by a hash of the source, the
 compiler and the CPU's flags, and returns the ctypes library, or None (with one
 warning) where no compiler is present or the build fails; callers then keep the torch
@@ -20,7 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SRC = Path(__file__).with_name("decode.c")
+_SOURCES = [Path(__file__).with_name(n) for n in ("decode.c", "team.c", "team.h")]
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -40,13 +40,14 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(cc: str, src: Path, out: Path) -> None:
+def _build(cc: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build to a temporary name then rename, so concurrent processes never load a half file.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, "-O3", "-march=native", "-fPIC", "-shared", "-o", tmp, str(src), "-lm"],
+        srcs = [str(p) for p in _SOURCES if p.suffix == ".c"]
+        subprocess.run([cc, "-O3", "-march=native", "-fPIC", "-shared", "-pthread", "-o", tmp, *srcs, "-lm"],
                        check=True, capture_output=True, text=True, timeout=120)
         os.replace(tmp, out)
     finally:
@@ -58,7 +59,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
     lib.sgl_decode_step.restype = i
     lib.sgl_decode_step.argtypes = [i, p, p, p, p, i, i, i, i, i, i, f, p, p, i,
-                                    p, p, p, p, p, p, i64, i, p, p, p]
+                                    p, p, p, p, p, p, i64, i, p, p, p, i]
     lib.sgl_decode_ws.restype = i64
     lib.sgl_decode_ws.argtypes = [i, i, i, i, i, i, i]
     lib.sgl_decode_fws.restype = i64
@@ -77,12 +78,12 @@ def load() -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found: the CPU decode kernel is off (torch path instead)")
         return None
-    src = _SRC.read_bytes()
+    src = b"".join(p.read_bytes() for p in _SOURCES)
     key = hashlib.sha256(src + cc.encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = _cache_dir() / f"decode-{key}.so"
     try:
         if not out.exists():
-            _build(cc, _SRC, out)
+            _build(cc, out)
         lib = ctypes.CDLL(str(out))
         _declare(lib)
     except (OSError, subprocess.SubprocessError) as e:

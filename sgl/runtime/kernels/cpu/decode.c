@@ -10,10 +10,12 @@
  * Rounding follows the torch path: activations are rounded to bf16 after every op that
  * rounds there (norm, projections, RoPE terms, residual adds, SiLU, product), so the
  * results agree with the eager model to bf16 rounding of sums taken in another order.
- * All tensors are contiguous; bf16 is passed as uint16_t. Single-threaded on purpose:
- * one core streams weights about as fast as two here, and the caller runs it from the
- * scheduler thread while torch's pool idles.
+ * All tensors are contiguous; bf16 is passed as uint16_t. With `threads` = 2 the
+ * matrix-vector products split their rows with one helper thread (team.c): one core
+ * reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the caller's thread.
  */
+#include "team.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -69,8 +71,9 @@ static float dot(const bf16 *w, const bf16 *x, int n) {
 
 /* y[b, o] = bf16(sum_k W[o, k] x[b, k] (+ bias[o])) for B rows; W streamed once, row by
  * row in address order (interleaving several rows' streams measured ~2x slower here). */
-static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y) {
-    for (int o = 0; o < out; o++) {
+static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y,
+                      int lo, int hi) {
+    for (int o = lo; o < hi; o++) {
         const bf16 *w = W + (int64_t)o * in;
         float bo = bias ? bf2f(bias[o]) : 0.f;
 #ifdef SGL_BF16_SIMD
@@ -101,6 +104,31 @@ static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf1
 #endif
         for (int b = 0; b < B; b++) Y[(int64_t)b * out + o] = rbf(dot(w, X + (int64_t)b * in, in) + bo);
     }
+}
+
+#define GEMV_CHUNK 64 /* rows per claimed piece of a product split across the team */
+
+typedef struct {
+    const bf16 *W, *X, *bias;
+    bf16 *Y;
+    int B, out, in;
+} GemvJob;
+
+static void gemv_chunk(void *arg, int c) {
+    GemvJob *j = (GemvJob *)arg;
+    int lo = c * GEMV_CHUNK, hi = lo + GEMV_CHUNK < j->out ? lo + GEMV_CHUNK : j->out;
+    gemv_rows(j->W, j->X, j->B, j->out, j->in, j->bias, j->Y, lo, hi);
+}
+
+static __thread int g_team; /* this step holds the two-thread team */
+
+static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y) {
+    if (!g_team || out < 2 * GEMV_CHUNK) {
+        gemv_rows(W, X, B, out, in, bias, Y, 0, out);
+        return;
+    }
+    GemvJob j = {W, X, bias, Y, B, out, in};
+    team_run(gemv_chunk, &j, (out + GEMV_CHUNK - 1) / GEMV_CHUNK);
 }
 
 /* out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), as RMSNorm in the torch model. */
@@ -211,10 +239,11 @@ int sgl_decode_step(int n_layers, const int64_t *layers, const bf16 *embed, cons
                     float eps, const bf16 *rope_cos, const bf16 *rope_sin, int B,
                     const int64_t *input_ids, const int64_t *positions, const int64_t *out_loc,
                     const int64_t *req_rows, const int64_t *seq_lens, const int64_t *req_to_token,
-                    int64_t r2t_stride, int max_len, bf16 *ws, float *fws, float *logits) {
+                    int64_t r2t_stride, int max_len, bf16 *ws, float *fws, float *logits, int threads) {
     int qkv_n = (nh + 2 * nkv) * d, h2 = d / 2;
     for (int b = 0; b < B; b++)
         if (seq_lens[b] > max_len) return -1;
+    g_team = threads >= 2 && team_acquire();
     /* bf16 workspace, B rows each: x, xn, qkv, attn, gate/up, act, tmp, bf16 logits */
     bf16 *x = ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
     bf16 *gu = att + B * nh * d, *act = gu + B * 2 * inter, *tmp = act + B * inter;
@@ -255,5 +284,7 @@ int sgl_decode_step(int n_layers, const int64_t *layers, const bf16 *embed, cons
     /* as the torch path: the projection rounds to bf16, then widens to float */
     gemv(head_w, xn, B, vocab, hidden, 0, lb);
     for (int64_t i = 0; i < (int64_t)B * vocab; i++) logits[i] = bf2f(lb[i]);
+    if (g_team) team_release();
+    g_team = 0;
     return 0;
 }

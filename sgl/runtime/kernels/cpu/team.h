@@ -1,0 +1,19 @@
+/* A team of two threads for the decode kernel: the caller plus one spinning helper.
+ *
+ * `team_run(fn, arg, n)` runs fn(arg, i) for chunks i = 0..n-1; the caller and the
+ * helper claim chunks from a shared counter, so the caller never waits for the helper
+ * to start: if the helper is descheduled (a loaded machine), the caller simply does
+ * every chunk, and waits at most for the one chunk the helper holds. The helper spins
+ * between jobs (the gaps inside a decode step are microseconds; waking a sleeping thread
+ * costs tens at each of the ~120 products of a step) and sleeps on a condition variable
+ * after about a millisecond without work, so an idle server burns no CPU. One caller at
+ * a time: `team_acquire` fails (run single-threaded) if another thread holds the team.
+ * A forked child starts without a helper and makes a new one.
+ */
+#pragma once
+
+typedef void (*team_fn)(void *arg, int chunk);
+
+int team_acquire(void); /* 1 if this thread may use the team now */
+void team_release(void);
+void team_run(team_fn fn, void *arg, int nchunks);
