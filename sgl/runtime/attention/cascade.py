@@ -1,21 +1,33 @@
 """Cascade attention for batches that share a cached prefix (few-shot prompts, forks,
-n>1, select): attend every query to the shared prefix ONCE, as one dense matmul over
-its K/V, then to each request's own tokens, and merge the two partial softmaxes by
-their log-sum-exp.
+n>1, select): the shared prefix's K/V is gathered once per layer and every query of the
+step is scored against it in one dense matmul per KV head, instead of a padded gather
+that copies the shared K/V once per request.
 
     keys of request i:  [ shared prefix: slots identical for all i | own tokens ]
                           0 ............ shared_len ................ seq_lens[i]
 
-Without this, a padded gather copies the shared K/V once per request per layer, which
-is what makes wide decode batches over long prompts memory-bound on the CPU.
+Queries are packed into groups of "pieces" (a request's queries, or a slice of them when
+they are many) padded to the group's longest piece. For a group, the scores against the
+shared prefix and against each piece's own keys are written side by side into one buffer
+`[KV, n, e, G, shared + own]`, so a single softmax normalizes both parts together: no
+log-sum-exp merge of two partial softmaxes, and far fewer passes over the scores.
+Scores are the bf16 matmul's output (as in HF's eager attention); the softmax computes in
+float32 and rounds the probabilities to the K/V dtype for the value matmuls.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 # Below this many shared tokens the plain path is as fast.
 MIN_SHARED = 64
+# Query tokens x keys one group may score at once (x heads x 4 bytes of float32 scores):
+# bounds the per-layer buffer (~9 MB at 9 heads) and keeps it cache-friendly.
+MAX_GROUP_CELLS = 1 << 18
+# A group pads its pieces to the longest one; start a new group rather than waste more.
+MAX_PAD_WASTE = 1.25
 
 
 def common_prefix_len(rows: torch.Tensor, limit: int) -> int:
@@ -29,40 +41,142 @@ def common_prefix_len(rows: torch.Tensor, limit: int) -> int:
     return int(torch.argmin(same.to(torch.int8)).item())
 
 
-def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [..., M, D], k/v [..., S, D] (broadcastable batch dims), mask [..., M, S] bool.
-    Returns float32 (out [..., M, D], lse [..., M]); fully masked rows get lse=-inf, out=0."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(-1e30))
-    probs = torch.nan_to_num(probs, nan=0.0)
-    out = torch.matmul(probs.to(v.dtype), v).float()
-    return out, lse
-
-
-def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
-    """Combine two partial attentions over disjoint key sets (float32 in, float32 out)."""
-    m = torch.maximum(lse1, lse2)
-    w1 = torch.exp(lse1 - m).nan_to_num(0.0).unsqueeze(-1)
-    w2 = torch.exp(lse2 - m).nan_to_num(0.0).unsqueeze(-1)
-    return (o1 * w1 + o2 * w2) / (w1 + w2)
-
-
 def gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """buf[slots] for a pool buffer [N, KV, D]; index_select is 4-7x faster than
     advanced indexing on the CPU."""
     return buf.index_select(0, slots.reshape(-1)).view(*slots.shape, *buf.shape[1:])
 
 
-def shared_prefix_part(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, shared_slots: torch.Tensor,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, KV, G, D] against the shared prefix (all visible). Returns ([T, KV, G, D], [T, KV, G])."""
-    t, kv, g, d = q.shape
-    kp = gather(k_buf, shared_slots).transpose(0, 1)  # [KV, S, D]
-    vp = gather(v_buf, shared_slots).transpose(0, 1)
-    qk = q.permute(1, 0, 2, 3).reshape(kv, t * g, d)  # every query of a KV group in one matmul
-    o, lse = attend_lse(qk, kp, vp, scale)
-    return o.view(kv, t, g, d).permute(1, 0, 2, 3), lse.view(kv, t, g).permute(1, 0, 2)
+@dataclass
+class CascadeGroup:
+    """n pieces padded to e queries and l own keys each.
+
+    Piece k = (request i, first query j0, m queries): T rows start_i + j0 ... + m - 1,
+    own keys rows[i, shared : shared + own_k] with own_k = n_cached_i + j0 + m, and
+    query j of the piece sees own key c iff c <= n_cached_i + j0 + j.
+    """
+
+    n: int
+    e: int
+    l: int
+    q_index: torch.Tensor  # [n * e] T row of each padded query (padding repeats a real row)
+    own: torch.Tensor  # [n, l] own-key slots (padding: scratch slot 0)
+    hidden: torch.Tensor  # [1, n, e, 1, l] True where an own key is NOT visible
+    out_index: torch.Tensor  # [m_total] padded positions of the real queries ...
+    t_index: torch.Tensor  # [m_total] ... and the T rows they fill
+    identity: bool  # padded positions == T rows (one group, one query per request, in order)
+
+
+@dataclass
+class CascadePlan:
+    shared: torch.Tensor  # [S] slots of the shared prefix
+    groups: list[CascadeGroup]
+
+
+def plan_cascade(rows: torch.Tensor, shared: int, prefix_lens: list[int], extend_lens: list[int]) -> CascadePlan:
+    """rows [B, >= max seq_len] request->token slots; every request starts with the same
+    `shared` slots and has prefix_lens[i] >= shared."""
+    pieces: list[tuple[int, int, int, int]] = []  # (request, start in T, j0, m)
+    start = 0
+    for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
+        # Slice long extends so one piece's scores stay within the group budget.
+        step = max(1, MAX_GROUP_CELLS // (p + e))
+        for j0 in range(0, e, step):
+            pieces.append((i, start, j0, min(step, e - j0)))
+        start += e
+    num_tokens = start
+    if len({m for *_, m in pieces}) > 1:
+        pieces.sort(key=lambda x: -x[3])  # similar sizes side by side: less padding
+    groups: list[CascadeGroup] = []
+    cur: list[tuple[int, int, int, int]] = []
+    real = 0
+    for pc in pieces:
+        i, _, j0, m = pc
+        keys = prefix_lens[i] + j0 + m
+        if cur:
+            e_max = max(m, max(x[3] for x in cur))
+            l_max = max(keys, max(prefix_lens[x[0]] + x[2] + x[3] for x in cur))
+            padded = (len(cur) + 1) * e_max * l_max
+            if padded > MAX_PAD_WASTE * (real + m * keys) + 4096 or padded > MAX_GROUP_CELLS:
+                groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces)))
+                cur, real = [], 0
+        cur.append(pc)
+        real += m * keys
+    groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces)))
+    return CascadePlan(rows[0, :shared], groups)
+
+
+def _group(rows: torch.Tensor, shared: int, prefix_lens: list[int], pieces: list[tuple[int, int, int, int]],
+           num_tokens: int, num_pieces: int) -> CascadeGroup:
+    dev = rows.device
+    n = len(pieces)
+    e = max(m for *_, m in pieces)
+    first = [p[2] + prefix_lens[p[0]] - shared for p in pieces]  # own keys before the piece's first query
+    own_lens = [f + m for f, (*_, m) in zip(first, pieces)]
+    l = max(own_lens)
+    req = torch.tensor([p[0] for p in pieces], device=dev)
+    own = rows[req, shared : shared + l]
+    c = torch.arange(l, device=dev)
+    own_len_t = torch.tensor(own_lens, device=dev)[:, None]
+    own = torch.where(c[None, :] < own_len_t, own, torch.zeros((), dtype=own.dtype, device=dev))
+    j = torch.arange(e, device=dev)
+    lim = torch.tensor(first, device=dev)[:, None, None] + j[None, :, None]  # [n, e, 1]
+    visible = (c[None, None, :] <= lim) & (c[None, None, :] < own_len_t[:, :, None])
+    m_t = torch.tensor([p[3] for p in pieces], device=dev)[:, None]
+    row0 = torch.tensor([p[1] + p[2] for p in pieces], device=dev)[:, None]
+    real = j[None, :] < m_t  # [n, e]
+    q_index = (row0 + torch.where(real, j[None, :], torch.zeros_like(j)[None, :])).reshape(-1)
+    out_index = torch.nonzero(real.reshape(-1)).reshape(-1)
+    t_index = q_index[out_index]
+    identity = num_pieces == n == num_tokens and e == 1 and bool((t_index == torch.arange(n, device=dev)).all())
+    return CascadeGroup(n, e, l, q_index, own.long(), (~visible)[None, :, :, None, :], out_index, t_index, identity)
+
+
+def cascade_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: CascadePlan,
+                      scale: float) -> torch.Tensor:
+    """q [T, H, D] (the pool's dtype) -> [T, H, D]: each query over the shared prefix and
+    its own visible keys, one softmax."""
+    t, h, d = q.shape
+    kv = k_buf.shape[1]
+    # Scaling q instead of the float32 scores saves a pass over them; with head_dim a power
+    # of 4 (64, 256) the scale is a power of two and this is exact.
+    qs = q * scale
+    kp_t = gather(k_buf, plan.shared).permute(1, 2, 0)  # [KV, D, S]
+    vp = gather(v_buf, plan.shared).transpose(0, 1)  # [KV, S, D]
+    if len(plan.groups) == 1 and plan.groups[0].identity:
+        return _attend_group(qs, kp_t, vp, k_buf, v_buf, plan.groups[0], kv)
+    out = torch.empty_like(q)
+    for grp in plan.groups:
+        o = _attend_group(qs, kp_t, vp, k_buf, v_buf, grp, kv)
+        out.index_copy_(0, grp.t_index, o.index_select(0, grp.out_index))
+    return out
+
+
+def _attend_group(qs: torch.Tensor, kp_t: torch.Tensor, vp: torch.Tensor, k_buf: torch.Tensor,
+                  v_buf: torch.Tensor, grp: CascadeGroup, kv: int) -> torch.Tensor:
+    """[n * e, H, D] outputs of the group's padded queries."""
+    h, d = qs.shape[1], qs.shape[2]
+    g, s = h // kv, kp_t.shape[-1]
+    n, e, l = grp.n, grp.e, grp.l
+    qg = qs.index_select(0, grp.q_index).view(n, e, kv, g, d)
+    scores = torch.empty((kv, n, e, g, s + l), dtype=qs.dtype, device=qs.device)
+    # Shared prefix: all queries of a KV head in one matmul (rows ordered n, e, g).
+    q_sh = qg.permute(2, 0, 1, 3, 4).reshape(kv, n * e * g, d)
+    scores[..., :s] = torch.bmm(q_sh, kp_t).view(kv, n, e, g, s)
+    # Own keys: one small matmul per piece, batched.
+    ko = gather(k_buf, grp.own)  # [n, l, KV, D]
+    q_own = qg.permute(0, 2, 1, 3, 4).reshape(n, kv, e * g, d)
+    s_own = torch.matmul(q_own, ko.permute(0, 2, 3, 1))  # [n, KV, e*g, l]
+    own_part = scores[..., s:]
+    own_part.copy_(s_own.view(n, kv, e, g, l).transpose(0, 1))
+    own_part.masked_fill_(grp.hidden, float("-inf"))
+    # On bf16 the CPU softmax computes in float32 internally and rounds the probabilities
+    # once: the same numbers as an explicit float32 softmax, in one pass instead of three.
+    p = torch.softmax(scores, dim=-1)
+    o = torch.empty((n, e, kv, g, d), dtype=qs.dtype, device=qs.device)
+    o_sh = torch.bmm(p[..., :s].reshape(kv, n * e * g, s), vp).view(kv, n, e, g, d)
+    vo = gather(v_buf, grp.own).permute(0, 2, 1, 3)  # [n, KV, l, D]
+    p_own = p[..., s:].transpose(0, 1).reshape(n, kv, e * g, l)
+    o_own = torch.matmul(p_own, vo).view(n, kv, e, g, d)
+    torch.add(o_sh.permute(1, 2, 0, 3, 4), o_own.transpose(1, 2), out=o)
+    return o.view(n * e, h, d)
