@@ -198,3 +198,22 @@ def test_two_threads_give_bit_identical_logits_also_when_callers_race(monkeypatc
     for t in threads:
         t.join()
     assert bad == []
+
+
+def test_portable_build_without_avx512_matches_torch(monkeypatch):
+    """CPUs without AVX512-BF16 get the plain-C loops: build that variant explicitly."""
+    lib = cpu_kernels.load("x86-64-v2")
+    if lib is None:
+        pytest.skip("cannot build the portable variant here")
+    assert lib.sgl_decode_simd() == 0
+    config = tiny_config(hidden_size=72, num_heads=3, num_kv_heads=1, head_dim=24, intermediate_size=100,
+                         vocab_size=300, attention_bias=True)
+    model = tiny_random_model(config, dtype=torch.bfloat16, seed=5)
+    model.prepack()
+    pool, attn, batch = _setup(model, [6, 2, 40])
+    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "0")
+    ref = model(batch, attn)
+    out = cpu_decode.CpuDecoder(model, lib).forward(batch, pool)
+    tol = 0.05 * max(1.0, ref.abs().max().item())
+    assert (out - ref).abs().max().item() < tol
+    _assert_same_choice(ref, out, tol)

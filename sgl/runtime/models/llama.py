@@ -5,8 +5,9 @@ another, weights and activations stay in one dtype (bf16 on CPU, where AVX512-BF
 several times faster than fp32), RoPE uses a precomputed cos/sin table indexed by
 `batch.positions`, and attention (with the KV pool) is delegated to the backend. Only
 the rows in `batch.logits_indices` go through the final norm and the vocab projection.
-Weights are loaded from Hugging Face tensor names with `load_weights`. One-token steps
-run on one CPU thread, and with `SGL_TORCH_COMPILE=1` (bf16) through decode_compile.
+Weights are loaded from Hugging Face tensor names with `load_weights`. Small bf16
+decode batches on the CPU run as one C call (cpu_decode.py); other one-token steps run
+on one CPU thread.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
-from sgl.runtime.models import cpu_decode, decode_compile
+from sgl.runtime.models import cpu_decode
 from sgl.runtime.models.cpu_linear import linear, pack_weight
 
 # Steps with at most this many tokens run on one CPU thread: a few-row step is bound by
@@ -97,14 +98,10 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         batch: ForwardBatch,
         attn: AttentionBackend,
-        compiled: bool = False,
     ) -> torch.Tensor:
-        """cos/sin: [T, 1, 2, d/2] as built by `LlamaForCausalLM.forward` (see there).
-        `compiled`: run the dense parts through decode_compile (one-token steps only)."""
+        """cos/sin: [T, 1, 2, d/2] as built by `LlamaForCausalLM.forward` (see there)."""
         t = x.shape[0]
         h, kv, d = self.h, self.kv, self.d
-        if compiled:
-            return self._forward_compiled(x, cos, sin, batch, attn)
         pk = self.packed
         qkv = linear(self.input_layernorm(x), self.qkv_weight, pk.get("qkv_weight"), self.qkv_bias)
         # q and k heads are contiguous in the fused output: rotate them in one go. With the
@@ -116,20 +113,6 @@ class DecoderLayer(nn.Module):
         x = x + linear(o.reshape(t, h * d), self.o_weight, pk.get("o_weight"), self.o_bias)
         gate, up = linear(self.post_attention_layernorm(x), self.gate_up_weight, pk.get("gate_up_weight")).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.down_weight, pk.get("down_weight"))
-
-    def _forward_compiled(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        pre, post = decode_compile.get("pre_attention"), decode_compile.get("post_attention")
-        # Plain tensors, not Parameters: dynamo guards on a Parameter's identity, which would
-        # compile once per layer (and fall back to eager past its recompile limit).
-        p = {n: (None if t is None else t.detach()) for n, t in (
-            ("ln1", self.input_layernorm.weight), ("ln2", self.post_attention_layernorm.weight),
-            ("qkv", self.qkv_weight), ("qkv_b", self.qkv_bias), ("o", self.o_weight), ("o_b", self.o_bias),
-            ("gu", self.gate_up_weight), ("down", self.down_weight))}
-        eps1, eps2 = self.input_layernorm.eps, self.post_attention_layernorm.eps
-        q, k, v = pre(x, p["ln1"], eps1, p["qkv"], p["qkv_b"], cos, sin, self.h, self.kv, self.d)
-        o = attn.forward(q, k, v, self.layer_id, batch)
-        return post(x, o, p["o"], p["o_b"], p["ln2"], eps2, p["gu"], p["down"])
 
 
 class LlamaForCausalLM(nn.Module):
@@ -178,12 +161,8 @@ class LlamaForCausalLM(nn.Module):
         s = self.rope_sin[batch.positions].unsqueeze(1)
         cos, sin = torch.stack((c, c), dim=2), torch.stack((-s, s), dim=2)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        compiled = (decode_compile.enabled() and batch.num_tokens == 1 and x.device.type == "cpu"
-                    and self.dtype == torch.bfloat16 and len(batch.logits_indices) == 1)
         for layer in self.layers:
-            x = layer(x, cos, sin, batch, attn, compiled)
-        if compiled:
-            return decode_compile.get("head")(x, self.norm.weight.detach(), self.norm.eps, head.detach())
+            x = layer(x, cos, sin, batch, attn)
         x = self.norm(x[batch.logits_indices])
         return linear(x, head, self.packed_head).float()
 

@@ -21,8 +21,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("decode.c", "team.c", "team.h")]
-_lib: ctypes.CDLL | None = None
-_tried = False
+_libs: dict[str, ctypes.CDLL | None] = {}
 
 
 def _cpu_flags() -> str:
@@ -40,14 +39,14 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(cc: str, out: Path) -> None:
+def _build(cc: str, out: Path, march: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build to a temporary name then rename, so concurrent processes never load a half file.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
         srcs = [str(p) for p in _SOURCES if p.suffix == ".c"]
-        subprocess.run([cc, "-O3", "-march=native", "-fPIC", "-shared", "-pthread", "-o", tmp, *srcs, "-lm"],
+        subprocess.run([cc, "-O3", f"-march={march}", "-fPIC", "-shared", "-pthread", "-o", tmp, *srcs, "-lm"],
                        check=True, capture_output=True, text=True, timeout=120)
         os.replace(tmp, out)
     finally:
@@ -68,27 +67,29 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sgl_decode_simd.restype = i
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled decode library, or None if it cannot be built here."""
-    global _lib, _tried
-    if _tried:
-        return _lib
-    _tried = True
+def load(march: str = "native") -> ctypes.CDLL | None:
+    """The compiled decode library, or None if it cannot be built here. `march` other
+    than native builds a portable variant (tests use it for the non-AVX512 code path)."""
+    if march not in _libs:
+        _libs[march] = _load(march)
+    return _libs[march]
+
+
+def _load(march: str) -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         log.warning("no C compiler found: the CPU decode kernel is off (torch path instead)")
         return None
     src = b"".join(p.read_bytes() for p in _SOURCES)
-    key = hashlib.sha256(src + cc.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + cc.encode() + march.encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = _cache_dir() / f"decode-{key}.so"
     try:
         if not out.exists():
-            _build(cc, out)
+            _build(cc, out, march)
         lib = ctypes.CDLL(str(out))
         _declare(lib)
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         log.warning("building the CPU decode kernel failed (torch path instead): %s", detail[-500:])
         return None
-    _lib = lib
     return lib
