@@ -88,29 +88,38 @@ def ascii_uniform(regex: str) -> bool:
     return True
 
 
-def _byte_vocabulary(leads: dict[int, object]) -> tuple[object, dict[int, tuple[int, int]]]:
-    """The probe vocabulary: every single byte, plus every (UTF-8 lead, continuation)
-    pair for the probed `leads`. outlines-core never indexes a lone lead byte
-    (0xC2..0xF4) as a token, so the state after a lead byte is rebuilt from the pairs'
-    targets (see `_rust_dfa`). Its indexing cost is per state times per token, so
-    probing 9 lead classes instead of 51 leads cuts it ~4x."""
+def _byte_vocabulary(leads: dict[int, object], uniform: frozenset[int] = frozenset()
+                     ) -> tuple[object, list[tuple[int, int]]]:
+    """The probe vocabulary: every byte that can be a whole character or continue one
+    (0x00..0xBF), plus (UTF-8 lead, continuation) pairs for the probed `leads`.
+    outlines-core never indexes a lone lead byte (0xC2..0xF4) as a token, so the state
+    after a lead byte is rebuilt from the pairs' targets (see `_rust_dfa`). Its
+    indexing cost is per state times per token, so probing 9 lead classes instead of
+    51 leads cuts it ~4x, and a `uniform` lead (every code point it starts is treated
+    alike) is probed with one continuation byte instead of 64. Returns the
+    vocabulary and the (lead, continuation) of each pair token, in token-id order."""
     from outlines_core import Vocabulary
 
-    toks: dict[bytes, list[int]] = {bytes([b]): [b] for b in range(256)}
-    pairs: dict[int, tuple[int, int]] = {}
+    toks: dict[bytes, list[int]] = {bytes([b]): [b] for b in range(0xC0)}
+    pairs: list[tuple[int, int]] = []
     for lead in leads:
-        for cont in range(0x80, 0xC0):
-            tid = _EOS_ID + 1 + len(pairs)
-            pairs[tid] = (lead, cont)
-            toks[bytes([lead, cont])] = [tid]
+        for cont in ([0x80] if lead in uniform else range(0x80, 0xC0)):
+            toks[bytes([lead, cont])] = [_EOS_ID + 1 + len(pairs)]
+            pairs.append((lead, cont))
     return Vocabulary(_EOS_ID, toks), pairs
+
+
+# Multi-lead classes whose code points an ascii_uniform regex cannot tell apart at all
+# (no escape may name a code point inside them): the continuation byte never matters.
+_UNIFORM = frozenset({0xC2, 0xE1, 0xF1})
 
 
 def _rust_dfa(regex: str, kind: str) -> ByteDFA:
     from outlines_core import Index
 
-    leads = _LEAD_CLASSES if ascii_uniform(regex) else _ALL_LEADS
-    vocab, pairs = _byte_vocabulary(leads)
+    uniform = ascii_uniform(regex)
+    leads = _LEAD_CLASSES if uniform else _ALL_LEADS
+    vocab, pairs = _byte_vocabulary(leads, _UNIFORM if uniform else frozenset())
     try:
         index = Index(regex, vocab)
     except Exception as e:  # regex syntax errors, DFA size limits
@@ -136,11 +145,14 @@ def _rust_dfa(regex: str, kind: str) -> ByteDFA:
     # State after lead byte L from q: defined by its row cont -> target(q, L cont);
     # identical rows are one state.
     p = tok[~single] - (_EOS_ID + 1)
-    probed = np.array(list(leads), dtype=np.int64)
-    psrc, lead, cont, pdst = src[~single], probed[p // 64], p % 64, dst[~single]
+    pair_arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    psrc, lead, cont, pdst = src[~single], pair_arr[p, 0], pair_arr[p, 1] - 0x80, dst[~single]
     groups, gi = np.unique(psrc * 256 + lead, return_inverse=True)
     rows = np.full((groups.size, 64), -1, dtype=np.int64)
     rows[gi, cont] = pdst
+    if uniform:  # a uniform lead was probed with continuation 0x80 only: all alike
+        same = np.isin(groups % 256, list(_UNIFORM))
+        rows[same] = rows[same, :1]
     mids, mi = np.unique(rows, axis=0, return_inverse=True) if groups.size else (rows, np.zeros(0, np.int64))
     trans = np.full((n + len(mids), 256), -1, dtype=np.int32)
     trans[src[single], tok[single]] = dst[single]

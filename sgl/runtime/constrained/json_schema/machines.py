@@ -21,8 +21,9 @@ from ._regex import (BOOLEAN, NULL, NUMBER, RESERVED_BASE, RESERVED_COUNT, STRIN
                      call_marker, group)
 
 # Markers as call_marker spells them; text never spells these code points otherwise
-# (literal() refuses them, classes stop below them).
-_MARKER = re.compile(r"\\U(0010f[0-9a-f]{3})")
+# (literal() refuses them) except as the bounds of the excluded range in negated
+# classes, which the look-arounds skip.
+_MARKER = re.compile(r"(?<!-)\\U(0010f[0-9a-f]{3})(?!-\\U)")
 
 # A subschema regex longer than this becomes a machine of its own. Small enough that
 # every DFA builds in well under a second; large enough that typical schemas (and all
@@ -30,6 +31,11 @@ _MARKER = re.compile(r"\\U(0010f[0-9a-f]{3})")
 SPLIT_CHARS = 6000
 # Members, items or branches shorter than this are never worth a call.
 MIN_EXTRACT_CHARS = 48
+# Past this much regex text in all, every plain string value becomes a call of one
+# shared string machine: each inline copy costs ~15 DFA states (escapes, UTF-8), so
+# large schemas build in about half the time; string tokens then come from one
+# cached frame, and only the few tokens that close a string mid-token are walked on.
+SHARE_STRINGS_CHARS = 60_000
 
 
 @dataclass
@@ -88,6 +94,15 @@ class Machines:
     def spec(self, root: str) -> MachineSpec:
         """The machines reachable from `root` (size-driven attempts may leave unused
         ones behind; those become None and are never built)."""
+        spec = self._reachable(root)
+        if spec.subs and len(spec.root) + sum(len(r or "") for r in spec.subs) > SHARE_STRINGS_CHARS:
+            call = self.call(STRING)
+            self.regexes = [r if r is None or r == STRING else _share(r, call)
+                            for r in self.regexes]
+            spec = self._reachable(_share(root, call))
+        return spec
+
+    def _reachable(self, root: str) -> MachineSpec:
         seen: set[int] = set()
         todo = [root]
         while todo:
@@ -99,6 +114,26 @@ class Machines:
                     if sub is not None:
                         todo.append(sub)
         return MachineSpec(root, [r if i in seen else None for i, r in enumerate(self.regexes)])
+
+
+def _share(regex: str, call: str) -> str:
+    """`regex` with every standalone occurrence of STRING replaced by `call` (same
+    language): not right after an escaping backslash, not before a quantifier."""
+    out, i, n = [], 0, len(STRING)
+    while True:
+        j = regex.find(STRING, i)
+        if j < 0:
+            out.append(regex[i:])
+            return "".join(out)
+        k = j
+        while k > 0 and regex[k - 1] == "\\":
+            k -= 1
+        after = regex[j + n:j + n + 1]
+        if (j - k) % 2 == 0 and after not in ("*", "+", "?", "{"):
+            out.append(regex[i:j] + call)
+        else:
+            out.append(regex[i:j + n])
+        i = j + n
 
 
 def shrink(parts: Sequence[Frag], build: Callable[[list[Frag]], Frag],
