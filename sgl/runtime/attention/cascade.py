@@ -136,47 +136,43 @@ def cascade_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """q [T, H, D] (the pool's dtype) -> [T, H, D]: each query over the shared prefix and
     its own visible keys, one softmax."""
-    t, h, d = q.shape
     kv = k_buf.shape[1]
-    # Scaling q instead of the float32 scores saves a pass over them; with head_dim a power
-    # of 4 (64, 256) the scale is a power of two and this is exact.
+    # Scaling q instead of the scores saves a pass over them; with head_dim a power of 4
+    # (64, 256) the scale is a power of two and this is exact.
     qs = q * scale
-    kp_t = gather(k_buf, plan.shared).permute(1, 2, 0)  # [KV, D, S]
-    vp = gather(v_buf, plan.shared).transpose(0, 1)  # [KV, S, D]
+    # KV-head-major copies ([KV, S, D]): every matmul below then reads plain strided
+    # batches, with no hidden copies inside bmm.
+    kp = gather(k_buf, plan.shared).transpose(0, 1).contiguous()
+    vp = gather(v_buf, plan.shared).transpose(0, 1).contiguous()
     if len(plan.groups) == 1 and plan.groups[0].identity:
-        return _attend_group(qs, kp_t, vp, k_buf, v_buf, plan.groups[0], kv)
+        return _attend_group(qs, kp, vp, k_buf, v_buf, plan.groups[0], kv)
     out = torch.empty_like(q)
     for grp in plan.groups:
-        o = _attend_group(qs, kp_t, vp, k_buf, v_buf, grp, kv)
+        o = _attend_group(qs, kp, vp, k_buf, v_buf, grp, kv)
         out.index_copy_(0, grp.t_index, o.index_select(0, grp.out_index))
     return out
 
 
-def _attend_group(qs: torch.Tensor, kp_t: torch.Tensor, vp: torch.Tensor, k_buf: torch.Tensor,
+def _attend_group(qs: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, k_buf: torch.Tensor,
                   v_buf: torch.Tensor, grp: CascadeGroup, kv: int) -> torch.Tensor:
-    """[n * e, H, D] outputs of the group's padded queries."""
+    """[n * e, H, D] outputs of the group's padded queries. Everything runs KV-head-major:
+    rows (n, e, g) of one KV head are one matmul against the shared keys, and the
+    (KV, piece) pairs are the batch of the small matmuls against the own keys."""
     h, d = qs.shape[1], qs.shape[2]
-    g, s = h // kv, kp_t.shape[-1]
+    g, s = h // kv, kp.shape[1]
     n, e, l = grp.n, grp.e, grp.l
-    qg = qs.index_select(0, grp.q_index).view(n, e, kv, g, d)
-    scores = torch.empty((kv, n, e, g, s + l), dtype=qs.dtype, device=qs.device)
-    # Shared prefix: all queries of a KV head in one matmul (rows ordered n, e, g).
-    q_sh = qg.permute(2, 0, 1, 3, 4).reshape(kv, n * e * g, d)
-    scores[..., :s] = torch.bmm(q_sh, kp_t).view(kv, n, e, g, s)
-    # Own keys: one small matmul per piece, batched.
-    ko = gather(k_buf, grp.own)  # [n, l, KV, D]
-    q_own = qg.permute(0, 2, 1, 3, 4).reshape(n, kv, e * g, d)
-    s_own = torch.matmul(q_own, ko.permute(0, 2, 3, 1))  # [n, KV, e*g, l]
-    own_part = scores[..., s:]
-    own_part.copy_(s_own.view(n, kv, e, g, l).transpose(0, 1))
-    own_part.masked_fill_(grp.hidden, float("-inf"))
+    m = e * g  # query rows of one piece under one KV head
+    qg = qs if grp.identity else qs.index_select(0, grp.q_index)
+    q_k = qg.view(n, e, kv, g, d).permute(2, 0, 1, 3, 4).reshape(kv, n * m, d)
+    scores = torch.empty((kv, n, m, s + l), dtype=qs.dtype, device=qs.device)
+    scores[..., :s] = torch.bmm(q_k, kp.transpose(1, 2)).view(kv, n, m, s)
+    ko = gather(k_buf, grp.own).permute(2, 0, 1, 3).reshape(kv * n, l, d)  # [KV*n, l, D]
+    scores[..., s:] = torch.bmm(q_k.view(kv * n, m, d), ko.transpose(1, 2)).view(kv, n, m, l)
+    scores.view(kv, n, e, g, s + l)[..., s:].masked_fill_(grp.hidden, float("-inf"))
     # On bf16 the CPU softmax computes in float32 internally and rounds the probabilities
     # once: the same numbers as an explicit float32 softmax, in one pass instead of three.
     p = torch.softmax(scores, dim=-1)
-    o = torch.empty((n, e, kv, g, d), dtype=qs.dtype, device=qs.device)
-    o_sh = torch.bmm(p[..., :s].reshape(kv, n * e * g, s), vp).view(kv, n, e, g, d)
-    vo = gather(v_buf, grp.own).permute(0, 2, 1, 3)  # [n, KV, l, D]
-    p_own = p[..., s:].transpose(0, 1).reshape(n, kv, e * g, l)
-    o_own = torch.matmul(p_own, vo).view(n, kv, e, g, d)
-    torch.add(o_sh.permute(1, 2, 0, 3, 4), o_own.transpose(1, 2), out=o)
-    return o.view(n * e, h, d)
+    o = torch.bmm(p[..., :s].reshape(kv, n * m, s), vp)  # [KV, n*m, D]
+    vo = gather(v_buf, grp.own).permute(2, 0, 1, 3).reshape(kv * n, l, d)
+    o.view(kv * n, m, d).add_(torch.bmm(p[..., s:].reshape(kv * n, m, l), vo))
+    return o.view(kv, n, e, g, d).permute(1, 2, 0, 3, 4).reshape(n * e, h, d)
