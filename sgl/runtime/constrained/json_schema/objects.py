@@ -92,6 +92,8 @@ def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag
         values.append(value)
     extra = _extra_member(schema, list(props), ctx, convert)
     _check_counts(schema, required, len(keys), extra is not None, ctx)
+    # minProperties 1 without a required member: the member list may not be empty.
+    nonempty = not required and schema.get("minProperties") == 1
     comma = ws + "," + ws
 
     m = ctx.machines
@@ -100,14 +102,14 @@ def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag
 
     def build(vals: list[Frag]) -> Frag:
         members = [(k + ws + ":" + ws + str(v), req) for (k, req), v in zip(keys, vals)]
-        return r"\{" + ws + _members_body(members, extra, comma, m) + ws + r"\}"
+        return r"\{" + ws + _members_body(members, extra, comma, m, nonempty) + ws + r"\}"
 
     # Machine mode: member values copied past the size budget become calls.
     return shrink(values, build, ctx.machines)
 
 
 def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str,
-                  machines: Machines | None = None) -> str:
+                  machines: Machines | None = None, nonempty: bool = False) -> str:
     """The member list between the braces, commas only between members.
 
     With a required member the list is linear: the optional members before the first
@@ -131,7 +133,7 @@ def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str,
         items.append((extra + group(comma + extra) + "*", group(extra + comma) + "*"))
     if not items:
         return ""
-    return group(_nonempty(items, machines)) + "?"
+    return group(_nonempty(items, machines)) + ("" if nonempty else "?")
 
 
 def _nonempty(items: list[tuple[str, str]], machines: Machines | None = None) -> str:
@@ -195,6 +197,8 @@ def jsonschema_search(pattern: str, text: str) -> bool:
 def _check_counts(schema: dict, required: list[str], n_members: int, extras: bool,
                   ctx: Context) -> None:
     lo = schema.get("minProperties")
+    if lo == 1 and not required and (n_members or extras):
+        lo = None  # object_regex makes the member list nonempty
     if lo is not None and lo > len(required):
         ctx.unsupported("minProperties", f"{lo} > number of required properties")
     hi = schema.get("maxProperties")
