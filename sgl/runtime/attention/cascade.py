@@ -60,7 +60,7 @@ class CascadeGroup:
     e: int
     l: int
     q_index: torch.Tensor  # [n * e] T row of each padded query (padding repeats a real row)
-    own: torch.Tensor  # [n, l] own-key slots (padding: scratch slot 0)
+    own_rows: torch.Tensor  # [KV * n * l] rows of the pool viewed [slots * KV, D], KV-major (padding: slot 0)
     hidden: torch.Tensor  # [1, n, e, 1, l] True where an own key is NOT visible
     out_index: torch.Tensor  # [m_total] padded positions of the real queries ...
     t_index: torch.Tensor  # [m_total] ... and the T rows they fill
@@ -70,10 +70,21 @@ class CascadeGroup:
 @dataclass
 class CascadePlan:
     shared: torch.Tensor  # [S] slots of the shared prefix
+    shared_rows: torch.Tensor  # [KV * S] their rows in the pool viewed [slots * KV, D], KV-major
     groups: list[CascadeGroup]
+    # One group (the usual case): shared and own rows in one index, so K (and V) of a
+    # layer is one gather, already in the [KV, S, D] / [KV * n, l, D] layouts the matmuls want.
+    fused_rows: torch.Tensor | None = None
 
 
-def plan_cascade(rows: torch.Tensor, shared: int, prefix_lens: list[int], extend_lens: list[int]) -> CascadePlan:
+def kv_major_rows(slots: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Rows of a pool buffer viewed [num_slots * KV, D] for `slots`, ordered [KV, *slots.shape]."""
+    heads = torch.arange(kv_heads, device=slots.device).view(-1, *([1] * slots.dim()))
+    return (slots.unsqueeze(0) * kv_heads + heads).reshape(-1)
+
+
+def plan_cascade(rows: torch.Tensor, shared: int, prefix_lens: list[int], extend_lens: list[int],
+                 kv_heads: int) -> CascadePlan:
     """rows [B, >= max seq_len] request->token slots; every request starts with the same
     `shared` slots and has prefix_lens[i] >= shared."""
     pieces: list[tuple[int, int, int, int]] = []  # (request, start in T, j0, m)
@@ -98,16 +109,19 @@ def plan_cascade(rows: torch.Tensor, shared: int, prefix_lens: list[int], extend
             l_max = max(keys, max(prefix_lens[x[0]] + x[2] + x[3] for x in cur))
             padded = (len(cur) + 1) * e_max * l_max
             if padded > MAX_PAD_WASTE * (real + m * keys) + 4096 or padded > MAX_GROUP_CELLS:
-                groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces)))
+                groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces), kv_heads))
                 cur, real = [], 0
         cur.append(pc)
         real += m * keys
-    groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces)))
-    return CascadePlan(rows[0, :shared], groups)
+    groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces), kv_heads))
+    shared_slots = rows[0, :shared]
+    shared_rows = kv_major_rows(shared_slots, kv_heads)
+    fused = torch.cat((shared_rows, groups[0].own_rows)) if len(groups) == 1 else None
+    return CascadePlan(shared_slots, shared_rows, groups, fused)
 
 
 def _group(rows: torch.Tensor, shared: int, prefix_lens: list[int], pieces: list[tuple[int, int, int, int]],
-           num_tokens: int, num_pieces: int) -> CascadeGroup:
+           num_tokens: int, num_pieces: int, kv_heads: int) -> CascadeGroup:
     dev = rows.device
     n = len(pieces)
     e = max(m for *_, m in pieces)
@@ -129,35 +143,44 @@ def _group(rows: torch.Tensor, shared: int, prefix_lens: list[int], pieces: list
     out_index = torch.nonzero(real.reshape(-1)).reshape(-1)
     t_index = q_index[out_index]
     identity = num_pieces == n == num_tokens and e == 1 and bool((t_index == torch.arange(n, device=dev)).all())
-    return CascadeGroup(n, e, l, q_index, own.long(), (~visible)[None, :, :, None, :], out_index, t_index, identity)
+    return CascadeGroup(n, e, l, q_index, kv_major_rows(own.long(), kv_heads), (~visible)[None, :, :, None, :],
+                        out_index, t_index, identity)
 
 
 def cascade_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: CascadePlan,
                       scale: float) -> torch.Tensor:
     """q [T, H, D] (the pool's dtype) -> [T, H, D]: each query over the shared prefix and
     its own visible keys, one softmax."""
-    kv = k_buf.shape[1]
+    kv, d = k_buf.shape[1], k_buf.shape[2]
+    s = plan.shared.shape[0]
     # Scaling q instead of the scores saves a pass over them; with head_dim a power of 4
     # (64, 256) the scale is a power of two and this is exact.
     qs = q * scale
-    # KV-head-major copies ([KV, S, D]): every matmul below then reads plain strided
-    # batches, with no hidden copies inside bmm.
-    kp = gather(k_buf, plan.shared).transpose(0, 1).contiguous()
-    vp = gather(v_buf, plan.shared).transpose(0, 1).contiguous()
-    if len(plan.groups) == 1 and plan.groups[0].identity:
-        return _attend_group(qs, kp, vp, k_buf, v_buf, plan.groups[0], kv)
+    k_rows, v_rows = k_buf.view(-1, d), v_buf.view(-1, d)
+    if plan.fused_rows is not None:
+        k_all, v_all = k_rows.index_select(0, plan.fused_rows), v_rows.index_select(0, plan.fused_rows)
+        kp, vp = k_all[: kv * s].view(kv, s, d), v_all[: kv * s].view(kv, s, d)
+        grp = plan.groups[0]
+        o = _attend_group(qs, kp, vp, k_all[kv * s :], v_all[kv * s :], grp, kv)
+        if grp.identity:
+            return o
+        return torch.empty_like(q).index_copy_(0, grp.t_index, o.index_select(0, grp.out_index))
+    kp = k_rows.index_select(0, plan.shared_rows).view(kv, s, d)
+    vp = v_rows.index_select(0, plan.shared_rows).view(kv, s, d)
     out = torch.empty_like(q)
     for grp in plan.groups:
-        o = _attend_group(qs, kp, vp, k_buf, v_buf, grp, kv)
+        ko, vo = k_rows.index_select(0, grp.own_rows), v_rows.index_select(0, grp.own_rows)
+        o = _attend_group(qs, kp, vp, ko, vo, grp, kv)
         out.index_copy_(0, grp.t_index, o.index_select(0, grp.out_index))
     return out
 
 
-def _attend_group(qs: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, k_buf: torch.Tensor,
-                  v_buf: torch.Tensor, grp: CascadeGroup, kv: int) -> torch.Tensor:
-    """[n * e, H, D] outputs of the group's padded queries. Everything runs KV-head-major:
-    rows (n, e, g) of one KV head are one matmul against the shared keys, and the
-    (KV, piece) pairs are the batch of the small matmuls against the own keys."""
+def _attend_group(qs: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, ko: torch.Tensor, vo: torch.Tensor,
+                  grp: CascadeGroup, kv: int) -> torch.Tensor:
+    """[n * e, H, D] outputs of the group's padded queries; kp/vp [KV, S, D] shared keys,
+    ko/vo [KV * n * l, D] own keys. Everything runs KV-head-major: rows (n, e, g) of one
+    KV head are one matmul against the shared keys, and the (KV, piece) pairs are the
+    batch of the small matmuls against the own keys."""
     h, d = qs.shape[1], qs.shape[2]
     g, s = h // kv, kp.shape[1]
     n, e, l = grp.n, grp.e, grp.l
@@ -166,13 +189,12 @@ def _attend_group(qs: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, k_buf: t
     q_k = qg.view(n, e, kv, g, d).permute(2, 0, 1, 3, 4).reshape(kv, n * m, d)
     scores = torch.empty((kv, n, m, s + l), dtype=qs.dtype, device=qs.device)
     scores[..., :s] = torch.bmm(q_k, kp.transpose(1, 2)).view(kv, n, m, s)
-    ko = gather(k_buf, grp.own).permute(2, 0, 1, 3).reshape(kv * n, l, d)  # [KV*n, l, D]
+    ko = ko.view(kv * n, l, d)
     scores[..., s:] = torch.bmm(q_k.view(kv * n, m, d), ko.transpose(1, 2)).view(kv, n, m, l)
     scores.view(kv, n, e, g, s + l)[..., s:].masked_fill_(grp.hidden, float("-inf"))
     # On bf16 the CPU softmax computes in float32 internally and rounds the probabilities
     # once: the same numbers as an explicit float32 softmax, in one pass instead of three.
     p = torch.softmax(scores, dim=-1)
     o = torch.bmm(p[..., :s].reshape(kv, n * m, s), vp)  # [KV, n*m, D]
-    vo = gather(v_buf, grp.own).permute(2, 0, 1, 3).reshape(kv * n, l, d)
-    o.view(kv * n, m, d).add_(torch.bmm(p[..., s:].reshape(kv * n, m, l), vo))
+    o.view(kv * n, m, d).add_(torch.bmm(p[..., s:].reshape(kv * n, m, l), vo.view(kv * n, l, d)))
     return o.view(kv, n, e, g, d).permute(1, 2, 0, 3, 4).reshape(n * e, h, d)

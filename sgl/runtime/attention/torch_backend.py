@@ -49,7 +49,8 @@ class TorchAttentionBackend:
         rows = batch.req_to_token[batch.req_pool_indices, :max_len].long()  # [B, max_len]
         shared = common_prefix_len(rows, min(batch.prefix_lens_cpu, default=0))
         if shared >= cascade.MIN_SHARED:
-            self._cascade = plan_cascade(rows, shared, batch.prefix_lens_cpu, batch.extend_lens_cpu)
+            self._cascade = plan_cascade(rows, shared, batch.prefix_lens_cpu, batch.extend_lens_cpu,
+                                         self.pool.num_kv_heads)
             return
         if batch.is_decode:
             valid = torch.arange(max_len, device=rows.device)[None, :] < batch.seq_lens[:, None]
