@@ -272,7 +272,12 @@ class Scheduler:
                 row_reqs.append(req)
                 row_idx.append(rm.sample_rows[i])
         if rows:
-            res = sample(logits[torch.tensor(row_idx)].float(), rows)
+            # Usually every logits row is sampled, in order: skip the gather copy (64 x vocab
+            # floats per wide decode step). sample() may edit its input; logits is not read after.
+            if row_idx == list(range(logits.shape[0])):
+                res = sample(logits.float(), rows)
+            else:
+                res = sample(logits[torch.tensor(row_idx)].float(), rows)
             for j, req in enumerate(row_reqs):
                 self.out.append_token(req, res.token_ids[j], res.logprobs[j], res.top_logprobs[j])
                 if req.finished:
