@@ -9,9 +9,15 @@
    is idle, so rewriting the same KV slots is harmless), groups ops into matmul /
    attention / norm / rope / elementwise / other by op name, and prints the top ops.
    "Python between ops" is the self time of a record_function around the forward: time
-   in the forward that no op accounts for. Percentages are of the profiled forward.
+   in the forward that no op accounts for (a step run by the C decode kernel, one opaque
+   call, lands there whole). Percentages are of the profiled forward.
+3. Shared prefix (`--workload shared`): bench_peers' 64 requests sharing a ~600-token
+   few-shot prefix, 16 new tokens each, all submitted at once. Prints the time per step
+   kind (the first request's prefill, the batched suffix prefill that runs cascade
+   attention, the wide decode steps) and op-profiles one batched prefill and one wide
+   decode step.
 
-Run: .venv/bin/python benchmarks/profile_engine.py [--decode-tokens 64] [--top 12]
+Run: .venv/bin/python benchmarks/profile_engine.py [--workload single|shared|all] [--top 12]
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import FEWSHOT  # noqa: E402
+from bench_engine import FEWSHOT, shared_prefix_prompts  # noqa: E402
 from common import print_table  # noqa: E402
 
 from sgl.runtime.engine import Engine  # noqa: E402
@@ -54,23 +60,30 @@ def group_of(name: str) -> str:
     return "other"
 
 
+def kind_of(fb: Any) -> str:
+    """'decode' / 'prefill' for one request, 'decode batch' / 'prefill batch' for more."""
+    return ("decode" if fb.is_decode else "prefill") + (" batch" if fb.batch_size > 1 else "")
+
+
 class StepTimer:
     """Wraps scheduler.step / runner.forward, recording wall time and the batch kind."""
 
     def __init__(self, eng: Engine) -> None:
-        self.steps: list[tuple[float, float, int]] = []  # (step s, forward s, num tokens)
+        self.steps: list[tuple[float, float, int, str]] = []  # (step s, forward s, num tokens, kind)
         self.captured: dict[str, Any] = {}
         sched, runner = eng.scheduler, eng.scheduler.runner
         orig_step, orig_fwd = sched.step, runner.forward
         self._fwd = 0.0
         self._tokens = 0
+        self._kind = ""
 
         def fwd(fb: Any) -> torch.Tensor:
             t0 = time.perf_counter()
             out = orig_fwd(fb)
             self._fwd += time.perf_counter() - t0
             self._tokens += fb.num_tokens
-            self.captured["decode" if fb.is_decode else "prefill"] = fb
+            self._kind = kind_of(fb)
+            self.captured.setdefault(self._kind, fb)
             return out
 
         def step() -> bool:
@@ -78,11 +91,12 @@ class StepTimer:
             t0 = time.perf_counter()
             did = orig_step()
             if self._tokens:
-                self.steps.append((time.perf_counter() - t0, self._fwd, self._tokens))
+                self.steps.append((time.perf_counter() - t0, self._fwd, self._tokens, self._kind))
             return did
 
         runner.forward = fwd  # type: ignore[method-assign]
         sched.step = step  # type: ignore[method-assign]
+        self.idle = lambda: sched.call(lambda: None).result()  # the last step has been recorded
 
 
 def op_profile(runner: Any, fb: Any, reps: int, top: int) -> tuple[float, list[dict], list[dict]]:
@@ -116,31 +130,33 @@ def _time(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--prefill-tokens", type=int, default=1024)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)  # this thread replays; the engine's thread gets num_threads
-    eng = Engine(max_total_tokens=65536, num_threads=args.threads)
-    print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
-    timer = StepTimer(eng)
+def print_profiles(runner: Any, timer: StepTimer, kinds: list[str], args: argparse.Namespace) -> None:
+    for kind in kinds:
+        fb = timer.captured[kind]
+        wall, groups, tops = op_profile(runner, fb, args.reps, args.top)
+        print(f"\n### {kind}: forward {1e3 * wall:.2f} ms unprofiled ({fb.num_tokens} tokens, batch {fb.batch_size}, "
+              f"context {max(fb.seq_lens_cpu)})")
+        print_table(f"{kind}: time by part", groups)
+        print_table(f"{kind}: top ops by self CPU time", tops)
+
+
+def profile_single(eng: Engine, timer: StepTimer, args: argparse.Namespace) -> None:
     sp = {"temperature": 0, "max_new_tokens": args.decode_tokens, "ignore_eos": True}
     eng.generate("Story 0: once upon a time there was a", {"max_new_tokens": 2})
+    timer.idle()
     timer.steps.clear()
     eng.flush_cache()
     eng.generate("Story 0: once upon a time there was a", sp)
+    timer.idle()
     dec = [s for s in timer.steps if s[2] == 1]
     ids: list[int] = []
     while len(ids) < args.prefill_tokens:
         ids += eng.tokenizer.encode(FEWSHOT + "\n")
     eng.flush_cache()
     timer.steps.clear()
+    timer.captured.pop("prefill", None)
     eng.generate(input_ids=ids[: args.prefill_tokens], sampling_params={"max_new_tokens": 1})
+    timer.idle()
     pre = [s for s in timer.steps if s[2] > 1]
     if not pre:
         raise SystemExit(f"no prefill step was recorded (steps: {timer.steps})")
@@ -152,15 +168,53 @@ def main() -> None:
                      "scheduler overhead ms": 1e3 * (step_s - fwd_s),
                      "overhead %": 100 * (step_s - fwd_s) / step_s})
     print_table("Step wall time: model forward vs scheduler (Python) overhead", rows)
+    print_profiles(eng.scheduler.runner, timer, ["decode", "prefill"], args)
 
-    runner = eng.scheduler.runner
-    for kind in ("decode", "prefill"):
-        fb = timer.captured[kind] if kind == "prefill" else timer.captured["decode"]
-        wall, groups, tops = op_profile(runner, fb, args.reps, args.top)
-        print(f"\n### {kind}: forward {1e3 * wall:.2f} ms unprofiled ({fb.num_tokens} tokens, "
-              f"context {max(fb.seq_lens_cpu)})")
-        print_table(f"{kind}: time by part", groups)
-        print_table(f"{kind}: top ops by self CPU time", tops)
+
+def profile_shared(eng: Engine, timer: StepTimer, args: argparse.Namespace) -> None:
+    prompts = shared_prefix_prompts(args.shared_requests)
+    sp = {"temperature": 0, "max_new_tokens": args.shared_new_tokens, "ignore_eos": True}
+    eng.flush_cache()
+    timer.idle()
+    timer.steps.clear()
+    timer.captured.clear()
+    t0 = time.perf_counter()
+    eng.generate(prompts, sp)
+    total = time.perf_counter() - t0
+    timer.idle()
+    rows = []
+    for kind in ("prefill", "prefill batch", "decode batch", "decode"):
+        st = [s for s in timer.steps if s[3] == kind]
+        if not st:
+            continue
+        step_s, fwd_s = sum(s[0] for s in st), sum(s[1] for s in st)
+        rows.append({"step kind": kind, "steps": len(st), "tokens": sum(s[2] for s in st), "step s": step_s,
+                     "forward s": fwd_s, "scheduler s": step_s - fwd_s, "% of run": 100 * step_s / total})
+    print_table(f"Shared prefix: {args.shared_requests} requests x {args.shared_new_tokens} new tokens, "
+                f"{total:.2f} s end to end", rows)
+    print_profiles(eng.scheduler.runner, timer, [k for k in ("prefill batch", "decode batch") if k in timer.captured], args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=("single", "shared", "all"), default="all")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prefill-tokens", type=int, default=1024)
+    ap.add_argument("--shared-requests", type=int, default=64)
+    ap.add_argument("--shared-new-tokens", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # this thread replays; the engine's thread gets num_threads
+    eng = Engine(max_total_tokens=65536, num_threads=args.threads)
+    print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+    timer = StepTimer(eng)
+    if args.workload in ("single", "all"):
+        profile_single(eng, timer, args)
+    if args.workload in ("shared", "all"):
+        profile_shared(eng, timer, args)
     eng.shutdown()
 
 
