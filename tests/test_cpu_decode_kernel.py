@@ -48,13 +48,13 @@ def _both(model: LlamaForCausalLM, ctx_lens: list[int], monkeypatch) -> tuple:
     pool, attn, batch = _setup(model, ctx_lens)
     assert cpu_decode.CpuDecoder.supports(model, attn, batch)
     loc = batch.out_cache_loc
-    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "0")
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "1")
     ref = model(batch, attn)
     kv_ref = [(pool.k_buffers[i][loc].clone(), pool.v_buffers[i][loc].clone()) for i in range(len(model.layers))]
     for i in range(len(model.layers)):  # the kernel must write these itself
         pool.k_buffers[i][loc] = 0
         pool.v_buffers[i][loc] = 0
-    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "1")
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "0")
     out = model(batch, attn)
     kv = [(pool.k_buffers[i][loc], pool.v_buffers[i][loc]) for i in range(len(model.layers))]
     return ref, out, kv_ref, kv
@@ -127,9 +127,9 @@ def test_only_small_bf16_decode_batches_take_the_kernel(monkeypatch):
     assert not cpu_decode.CpuDecoder.supports(model, attn, batch)  # too many rows
     _, attn, batch = _setup(model, [4, 9])
     assert cpu_decode.CpuDecoder.supports(model, attn, batch)
-    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "0")
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "1")
     assert not cpu_decode.CpuDecoder.supports(model, attn, batch)
-    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "1")
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "0")
     prefill = ForwardBatch.build([5, 6], [900, 901], [0], [0], [2], batch.req_to_token)
     assert not cpu_decode.CpuDecoder.supports(model, attn, prefill)
     fp32 = tiny_random_model(tiny_config(), dtype=torch.float32)
@@ -143,7 +143,7 @@ def test_engine_greedy_tokens_are_torch_greedy_choices(real_model, monkeypatch):
     choice at its position, up to rounding ties."""
     from sgl.runtime.engine import Engine
 
-    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "1")
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "0")
     with Engine() as e:
         prompts = [e.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
         # One at a time, so every decode step has batch 1 (the kernel's main case).
@@ -211,7 +211,7 @@ def test_portable_build_without_avx512_matches_torch(monkeypatch):
     model = tiny_random_model(config, dtype=torch.bfloat16, seed=5)
     model.prepack()
     pool, attn, batch = _setup(model, [6, 2, 40])
-    monkeypatch.setenv("SGL_CPU_DECODE_KERNEL", "0")
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "1")
     ref = model(batch, attn)
     out = cpu_decode.CpuDecoder(model, lib).forward(batch, pool)
     tol = 0.05 * max(1.0, ref.abs().max().item())

@@ -36,6 +36,7 @@ class Engine:
         from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
         from sgl.runtime.memory.kv_pool import KVPool
         from sgl.runtime.models.loader import load_model
+        from sgl.runtime.models import cpu_decode
         from sgl.runtime.scheduler.kv_cache import KVCache
         from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
@@ -44,6 +45,7 @@ class Engine:
         device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = device
         loaded = load_model(cfg.model_path, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir)
+        cpu_decode.configure(loaded.model, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template

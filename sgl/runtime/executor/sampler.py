@@ -57,6 +57,7 @@ def _top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
     return [(float(v), int(t)) for v, t in zip(vals.tolist(), ids.tolist())]
 
 
+@torch.inference_mode()  # logits may be the model's own (inference) tensor: edited in place
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
     """logits: float32 [len(rows), V] (modified in place)."""
     n, vocab = logits.shape

@@ -4,8 +4,9 @@ For a pure decode batch of at most `MAX_ROWS` requests on the CPU, the whole for
 one C call that reads the weights and the KV pool in place (through a table of their
 addresses) and writes float32 logits: the ~700 torch ops of an eager step cost more than
 the weight streaming they wrap at batch 1. Anything else (prefill, larger batches, fp32,
-another attention backend, no C compiler) keeps the torch path. `SGL_CPU_DECODE_KERNEL=0`
-turns it off; `SGL_CPU_DECODE_THREADS=2` splits its products over two threads (team.c).
+another attention backend, no C compiler) keeps the torch path. The engine options
+`disable_cpu_decode_kernel` and `cpu_decode_threads` (2 splits the products over two
+threads, team.c) reach here as the same-named SGL_* variables or through `configure`.
 """
 
 from __future__ import annotations
@@ -28,16 +29,26 @@ MAX_ROWS = 4
 _FIELDS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gu", "down", "k", "v")
 
 
-def threads() -> int:
-    """Threads for the weight streaming (SGL_CPU_DECODE_THREADS, 1 or 2; default 1).
+def configure(model: "LlamaForCausalLM", enabled: bool, threads: int) -> None:
+    """Engine settings for this model (otherwise the SGL_* variables decide)."""
+    model._cpu_decode_opts = (enabled, threads)
+
+
+def threads(model: "LlamaForCausalLM") -> int:
+    """Threads for the weight streaming: 1 (default) or 2.
 
     Two read ~30 GB/s instead of ~22 on an idle machine, but the helper spins between
     products, which costs more than it gains when other processes want the cores."""
-    return 2 if os.environ.get("SGL_CPU_DECODE_THREADS", "1").strip() == "2" else 1
+    opts = getattr(model, "_cpu_decode_opts", None)
+    n = opts[1] if opts else int(os.environ.get("SGL_CPU_DECODE_THREADS", "1") or 1)
+    return 2 if n >= 2 else 1
 
 
-def enabled() -> bool:
-    return os.environ.get("SGL_CPU_DECODE_KERNEL", "1") not in ("", "0", "false", "no")
+def enabled(model: "LlamaForCausalLM") -> bool:
+    opts = getattr(model, "_cpu_decode_opts", None)
+    if opts:
+        return opts[0]
+    return os.environ.get("SGL_DISABLE_CPU_DECODE_KERNEL", "0").lower() in ("", "0", "false", "no")
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -65,7 +76,7 @@ class CpuDecoder:
     @staticmethod
     def supports(model: "LlamaForCausalLM", attn: Any, batch: ForwardBatch) -> bool:
         pool = getattr(attn, "pool", None)
-        return (enabled() and model.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
+        return (enabled(model) and model.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
                 and pool is not None and pool.dtype == torch.bfloat16 and type(attn).__name__ == "TorchAttentionBackend"
                 and batch.req_to_token.dtype == torch.int64 and 0 < batch.batch_size <= MAX_ROWS
                 and batch.is_decode and len(batch.logits_indices) == batch.batch_size)
@@ -105,7 +116,7 @@ class CpuDecoder:
             len(m.layers), _ptr(self._table), _ptr(m.embed_tokens), _ptr(m.norm.weight), _ptr(self.head),
             vocab, hidden, nh, nkv, d, inter, float(m.norm.eps), _ptr(m.rope_cos), _ptr(m.rope_sin), b,
             _ptr(ids), _ptr(pos), _ptr(loc), _ptr(rows), _ptr(lens), _ptr(r2t), r2t.stride(0),
-            self._max_len, _ptr(ws), _ptr(self._fws), _ptr(logits), threads())
+            self._max_len, _ptr(ws), _ptr(self._fws), _ptr(logits), threads(m))
         if rc != 0:
             raise RuntimeError("CPU decode kernel: a context is longer than the request table")
         self.steps += 1
@@ -116,7 +127,7 @@ def decoder_for(model: "LlamaForCausalLM") -> CpuDecoder | None:
     """The model's CpuDecoder, built once; None where the kernel cannot be loaded."""
     dec = getattr(model, "_cpu_decoder", False)
     if dec is False:
-        lib = cpu_kernels.load() if enabled() else None
+        lib = cpu_kernels.load() if enabled(model) else None
         dec = CpuDecoder(model, lib) if lib is not None else None
         model._cpu_decoder = dec
     return dec
