@@ -100,19 +100,18 @@ def plan_cascade(rows: torch.Tensor, shared: int, prefix_lens: list[int], extend
         pieces.sort(key=lambda x: -x[3])  # similar sizes side by side: less padding
     groups: list[CascadeGroup] = []
     cur: list[tuple[int, int, int, int]] = []
-    real = 0
+    real = e_max = l_max = 0  # the current group's real cells, longest piece, most keys
     for pc in pieces:
         i, _, j0, m = pc
         keys = prefix_lens[i] + j0 + m
         if cur:
-            e_max = max(m, max(x[3] for x in cur))
-            l_max = max(keys, max(prefix_lens[x[0]] + x[2] + x[3] for x in cur))
-            padded = (len(cur) + 1) * e_max * l_max
+            padded = (len(cur) + 1) * max(e_max, m) * max(l_max, keys)
             if padded > MAX_PAD_WASTE * (real + m * keys) + 4096 or padded > MAX_GROUP_CELLS:
                 groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces), kv_heads))
-                cur, real = [], 0
+                cur, real, e_max, l_max = [], 0, 0, 0
         cur.append(pc)
         real += m * keys
+        e_max, l_max = max(e_max, m), max(l_max, keys)
     groups.append(_group(rows, shared, prefix_lens, cur, num_tokens, len(pieces), kv_heads))
     shared_slots = rows[0, :shared]
     shared_rows = kv_major_rows(shared_slots, kv_heads)

@@ -11,8 +11,9 @@ multi-token extend runs request by request; for request i the mask is
     query j: [ all visible (cached) ][ new keys <= j visible ]
 
 When every request of the step starts with the same cached slots (a shared few-shot
-prompt, forks, n>1), the shared part is attended once for all queries (cascade.py) and
-only each request's own tokens go through the per-request path.
+prompt, forks, n>1), cascade.py runs the whole step instead: the shared part's K/V is
+gathered once per layer and scored for all queries together, with each request's own
+keys beside it in the same softmax.
 """
 
 from __future__ import annotations
