@@ -20,6 +20,7 @@ from sgl.runtime.constrained import dfa_build, registry
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.dfa_build import build_byte_dfa
 from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex, LazyRegexGrammar
+from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.regex_grammar import CompiledRegex, build_index, json_schema_to_regex
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
 
@@ -213,9 +214,61 @@ def test_registry_backend_choice_and_disk_cache(tok, monkeypatch, tmp_path):
 def test_json_schema_and_choices_use_lazy_backend(tok):
     g = registry.compile_grammar("choices", ["yes", "no"], tok)
     assert isinstance(g.compiled, CompiledLazyRegex)
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    j = registry.compile_grammar("json_schema", schema, tok)
-    assert isinstance(j.compiled, CompiledLazyRegex)
-    rx = json_schema_to_regex(schema)
+    closed = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    j = registry.compile_grammar("json_schema", closed, tok)
+    assert isinstance(j.compiled, CompiledLazyRegex)  # fits one regex: the lazy backend
     j.accept_bytes(b'{"ok":true}')
-    assert j.can_end() and rx
+    assert j.can_end()
+    # Extra members may be any JSON value at any depth: a free-form machine, pushdown.
+    open_ = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    p = registry.compile_grammar("json_schema", open_, tok)
+    assert isinstance(p.compiled, CompiledPushdown)
+    p.accept_bytes(b'{"ok":true,"x":[{"y":[null]}]}')
+    assert p.can_end()
+
+
+def _full_match(g, text: str) -> bool:
+    try:
+        g.accept_bytes(text.encode())
+    except GrammarError:
+        return False
+    return g.can_end()
+
+
+@pytest.mark.parametrize("engine", ["rust", "interegular"])
+def test_alternatives_where_one_is_a_prefix_of_another(tok, engine):
+    # The Rust DFA has leftmost-first semantics: without the end marker, `(?:a|ab)`
+    # stopped at "a" and "ab" was refused.
+    for rx, good, bad in [("(?:a|ab)", ["a", "ab"], ["abb", "b", ""]),
+                          ("(?:x|xy|xyz)w?", ["x", "xy", "xyz", "xyzw", "xw"], ["xyzww", "y"]),
+                          ("(?:a*|b)c?", ["", "aa", "b", "aac", "c"], ["bb", "ab"])]:
+        dfa = build_byte_dfa(rx, engine=engine)
+        for text in good + bad:
+            assert _full_match(CompiledLazyRegex(dfa, tok).new_matcher(), text) == (text in good), (rx, text)
+
+
+def test_choices_and_enum_with_prefix_members(tok):
+    g = registry.compile_tables("choices", ["yes", "yes please", "no"], tok, use_cache=False)
+    assert isinstance(g, CompiledLazyRegex)
+    for text, ok in [("yes", True), ("yes please", True), ("no", True), ("yes p", False)]:
+        assert _full_match(g.new_matcher(), text) == ok, text
+    m = g.new_matcher()
+    m.accept_bytes(b"yes")
+    assert m.can_end() and not m.is_terminated() and m.allowed_token_ids()  # may go on
+    schema = {"enum": ["a", "ab"]}
+    j = registry.compile_tables("json_schema", schema, tok, use_cache=False)
+    for text, ok in [('"a"', True), ('"ab"', True), ('"b"', False), ('"abb"', False)]:
+        assert _full_match(j.new_matcher(), text) == ok, text
+    k = registry.compile_tables("json_schema", {"type": "array", "items": {"enum": ["a", "ab"]}},
+                                tok, use_cache=False)
+    assert _full_match(k.new_matcher(), '["ab","a","ab"]')
+
+
+def test_end_marker_code_point_is_never_text(tok):
+    # U+10FFFF is the end marker (cut out of every DFA); its neighbours stay text.
+    dfa = build_byte_dfa(".*")
+    assert _full_match(CompiledLazyRegex(dfa, tok).new_matcher(), "a\U0010fffe\u00e9")
+    assert not _full_match(CompiledLazyRegex(dfa, tok).new_matcher(), "a\U0010ffff")
+    # `$` cannot come before the marker: such a regex is built without one.
+    assert _full_match(CompiledLazyRegex(build_byte_dfa("ab$"), tok).new_matcher(), "ab")

@@ -9,6 +9,16 @@ slower on generated JSON Schema regexes, no Unicode classes), picked with
 `SGL_LAZY_DFA=interegular`. Either way the result is trimmed: only states reachable
 from the start that can still reach an accepting state survive, renumbered densely
 with the start at 0, so "alive after a token's last byte" means "allowed".
+
+The Rust DFA keeps leftmost-first match semantics: once an alternative has matched, the
+threads of lower-priority alternatives that would go on are dropped, so `(?:a|ab)`
+never accepts "ab". We therefore build `(?:regex)` followed by an end marker (the
+code point U+10FFFF, a noncharacter): no match can happen before the marker, so no
+thread is dropped, and the states from which the marker leads to a match are the
+accepting ones. The marker is then cut out by a small product with "no U+10FFFF in the
+text" (`_cut_end_marker`), so a regex never matches U+10FFFF itself. A regex that
+asserts the end of text (`$`) matches nothing with the marker after it; it is built
+without one (leftmost-first semantics again).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from .base import GrammarError
 from .byte_dfa import ByteDFA, regex_to_byte_dfa
 
 # Part of the disk-cache key: bump when the DFA a regex maps to may change.
-DFA_VERSION = "lazy-dfa-1"
+DFA_VERSION = "lazy-dfa-2"  # 2: end marker (full-match semantics)
 _EOS_ID = 256  # the byte vocabulary's EOS id, outside 0..255
 
 
@@ -39,7 +49,65 @@ def build_byte_dfa(regex: str, kind: str = "regex", engine: str | None = None) -
         except ValueError as e:
             raise GrammarError(f"{kind}: cannot compile regex ({e})") from None
         return trim(dfa.trans, dfa.accept, dfa.initial)
-    return _rust_dfa(regex, kind)
+    try:
+        return _cut_end_marker(_rust_dfa("(?:" + regex + ")" + END_MARKER, kind))
+    except GrammarError:
+        # `$` before the marker can never hold; the plain build decides (its errors are
+        # the regex's own).
+        return _rust_dfa(regex, kind)
+
+
+END_MARKER = "\\U0010ffff"
+_END = (0xF4, 0x8F, 0xBF, 0xBF)  # U+10FFFF in UTF-8
+
+
+def _cut_end_marker(dfa: ByteDFA) -> ByteDFA:
+    """`dfa` was built from `(?:R)` + END_MARKER: return R's DFA. A state accepts iff
+    the marker's bytes lead from it to an accepting state; the text may not spell
+    U+10FFFF. The latter is a product with a 4-state automaton tracking how much of
+    the marker the text has just spelled: copies (q, k) for k = 1..3 exist only for
+    states reached right after F4, F4 8F, F4 8F BF, so the table grows by a few rows.
+    """
+    t, acc = dfa.trans, dfa.accept
+    n = t.shape[0]
+
+    def follow(states: np.ndarray, byte: int) -> np.ndarray:
+        out = np.full(states.shape, -1, dtype=np.int64)
+        ok = states >= 0
+        out[ok] = t[states[ok], byte]
+        return out
+
+    s = np.arange(n, dtype=np.int64)
+    for b in _END:
+        s = follow(s, b)
+    accept = np.zeros(n, dtype=bool)
+    accept[s >= 0] = acc[s[s >= 0]]
+    # copy k holds the states reached right after the marker's first k bytes
+    copies, ids, base = [], [], n
+    prev = np.arange(n, dtype=np.int64)
+    for k in range(3):
+        nxt = follow(prev, _END[k])
+        c = np.unique(nxt[nxt >= 0])
+        idk = np.full(n, -1, dtype=np.int64)
+        idk[c] = base + np.arange(c.size)
+        copies.append(c)
+        ids.append(idk)
+        base += c.size
+        prev = c
+
+    def remap(targets: np.ndarray, idk: np.ndarray) -> np.ndarray:
+        return np.where(targets >= 0, idk[np.maximum(targets, 0)], -1)
+
+    out = np.concatenate([t] + [t[c] for c in copies]).astype(np.int64)
+    out[:, _END[0]] = remap(out[:, _END[0]], ids[0])  # F4 starts the marker anywhere
+    lo = n
+    for k, c in enumerate(copies):
+        hi = lo + c.size
+        byte = _END[k + 1]
+        out[lo:hi, byte] = remap(t[c, byte], ids[k + 1]) if k < 2 else -1
+        lo = hi
+    accept = np.concatenate([accept, np.zeros(base - n, dtype=bool)])
+    return trim(out.astype(np.int32), accept, dfa.initial)
 
 
 # UTF-8 lead bytes that behave alike unless the regex names a code point inside their

@@ -22,15 +22,9 @@ import numpy as np
 from .base import GrammarError
 from .byte_dfa import ByteDFA
 from .dfa_build import coreachable
+from .json_schema.machines import Intersect, Sub
 
 _LEAD, _MARK = 0xF4, 0x8F  # U+10F000..U+10FFFF = F4 8F [80-BF] [80-BF]
-# The last reserved code point ends every machine regex. The Rust DFA has leftmost-
-# first match semantics: once an earlier alternative has matched it drops the threads
-# that would continue (`(?:a|ab)` never matches "ab"). With an end marker no match
-# happens before the last byte, so no thread is dropped; the states with an end-marker
-# path become the accepting ones.
-END_ID = 0xFFF
-END_MARKER = "\\U0010ffff"
 
 
 @dataclass
@@ -59,10 +53,9 @@ class PushdownTables:
 
 
 def split_calls(dfa: ByteDFA, num_subs: int, kind: str) -> Machine:
-    """Cut marker paths out of `dfa` (built from `(?:regex)` + END_MARKER) into call
-    edges (callee index = sub id + 1) and accepting states."""
+    """Cut marker paths out of `dfa` into call edges (callee index = sub id + 1)."""
     trans = dfa.trans.copy()
-    accept = np.zeros(trans.shape[0], dtype=bool)  # only end-marker paths accept
+    accept = dfa.accept.copy()
     calls: dict[int, list[tuple[int, int]]] = {}
     src = np.nonzero(trans[:, _LEAD] >= 0)[0]
     mids = trans[src, _LEAD]
@@ -74,9 +67,6 @@ def split_calls(dfa: ByteDFA, num_subs: int, kind: str) -> Machine:
             v = int(trans[u, 0x80 + x])
             for y in np.nonzero(trans[v, 0x80:0xC0] >= 0)[0].tolist():
                 sub = x * 64 + y
-                if sub == END_ID:
-                    accept[s] = True
-                    continue
                 if sub >= num_subs:
                     raise GrammarError(f"{kind}: reserved code point U+{0x10F000 + sub:X} in text")
                 calls.setdefault(s, []).append((sub + 1, int(trans[v, 0x80 + y])))
@@ -125,22 +115,40 @@ def prune(machines: list[Machine], kind: str) -> None:
             raise GrammarError(f"{kind}: sub-machine {j} matches the empty string")
 
 
-def build_tables(root: str, subs: list[str | None], build: Callable[[str], ByteDFA],
-                 kind: str = "json_schema") -> PushdownTables:
-    """Build every machine DFA with `build(regex)` (the lazy backend's cached builder)."""
+def intersect_dfa(sub: Intersect, build: Callable[[str], ByteDFA]) -> ByteDFA:
+    """The product DFA of an Intersect sub: the trimmed product of the parts' DFAs
+    (dfa_ops.intersect; each part's DFA has full-match semantics, see dfa_build).
+    GrammarError "matches nothing" when the intersection is empty."""
+    from .dfa_ops import intersect
+
+    return intersect([build(p) for p in sub.parts])
+
+
+def _empty_machine() -> Machine:
+    empty = np.full((1, 256), -1, dtype=np.int32)
+    return Machine(empty, np.zeros(1, dtype=bool), {}, np.zeros(1, dtype=bool))
+
+
+def build_tables(root: str, subs: list[Sub], build: Callable[[str], ByteDFA],
+                 kind: str = "json_schema",
+                 build_intersect: Callable[[Intersect], ByteDFA] | None = None) -> PushdownTables:
+    """Build every machine DFA with `build(regex)` (the lazy backend's cached builder)
+    and every Intersect sub with
+    `build_intersect(sub)` (default: `intersect_dfa(sub, build)`)."""
     out: list[Machine] = []
-    for regex in [root] + subs:
-        if regex is None:
-            empty = np.full((1, 256), -1, dtype=np.int32)
-            out.append(Machine(empty, np.zeros(1, dtype=bool), {}, np.zeros(1, dtype=bool)))
+    for sub in [root] + subs:
+        if sub is None:
+            out.append(_empty_machine())
             continue
         try:
-            dfa = build("(?:" + regex + ")" + END_MARKER)
+            if isinstance(sub, Intersect):
+                dfa = (build_intersect or (lambda x: intersect_dfa(x, build)))(sub)
+            else:
+                dfa = build(sub)
         except GrammarError as e:
             if "matches nothing" not in str(e):
                 raise
-            empty = np.full((1, 256), -1, dtype=np.int32)
-            out.append(Machine(empty, np.zeros(1, dtype=bool), {}, np.zeros(1, dtype=bool)))
+            out.append(_empty_machine())
             continue
         out.append(split_calls(dfa, len(subs), kind))
     prune(out, kind)

@@ -166,9 +166,12 @@ def _schema_machines(spec: str) -> Any:
 
 
 def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
-    """Machine regexes -> byte DFAs (each disk-cached like a lazy regex's) -> pushdown."""
+    """Machine regexes -> byte DFAs (each disk-cached like a lazy regex's; an Intersect
+    sub's product DFA cached under its parts) -> pushdown."""
+    from . import dfa_build
+    from .byte_dfa import ByteDFA
     from .pushdown import CompiledPushdown
-    from .pushdown_build import build_tables
+    from .pushdown_build import build_tables, intersect_dfa
 
     built: dict[str, Any] = {}
 
@@ -177,7 +180,18 @@ def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCach
             built[regex] = _cached_dfa(regex, kind, disk)
         return built[regex]
 
-    return CompiledPushdown(build_tables(machines.root, machines.subs, build, kind), tok, kind)
+    def build_intersect(sub: Any) -> Any:
+        tag = f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}/intersect"
+        disk_key = cache_key(tag, "\0".join(sub.parts), "bytes")
+        dfa = disk.get(disk_key) if disk is not None else None
+        if not isinstance(dfa, ByteDFA):
+            dfa = intersect_dfa(sub, build)
+            if disk is not None:
+                disk.put(disk_key, dfa)
+        return dfa
+
+    tables = build_tables(machines.root, machines.subs, build, kind, build_intersect)
+    return CompiledPushdown(tables, tok, kind)
 
 
 def clear_memory_cache() -> None:

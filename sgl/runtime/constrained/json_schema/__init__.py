@@ -23,7 +23,7 @@ from typing import Any
 from ._regex import ReservedCodePoint
 from .context import MAX_COUNT, MAX_REF_DEPTH, MAX_REGEX_CHARS, Context, UnsupportedSchemaError
 from .converter import convert
-from .machines import MachineSpec, Machines
+from .machines import Intersect, MachineSpec, Machines, sub_texts
 
 
 def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
@@ -50,7 +50,7 @@ def schema_to_machines(schema: dict[str, Any] | bool | str, *, whitespace: str |
     except OverflowError as e:
         raise UnsupportedSchemaError("schema", "/", str(e)) from None
     for sub in machines.regexes:
-        if sub is not None and len(sub) > MAX_REGEX_CHARS:
+        if any(len(t) > MAX_REGEX_CHARS for t in sub_texts(sub)):
             raise UnsupportedSchemaError("schema", "/", f"regex exceeds {MAX_REGEX_CHARS} characters")
     return machines.spec(root)
 
@@ -145,5 +145,5 @@ def _deref(s: Any, root: Any) -> Any:
     return s if isinstance(s, dict) else {}
 
 
-__all__ = ["schema_to_regex", "schema_to_machines", "MachineSpec", "canonical_json",
+__all__ = ["schema_to_regex", "schema_to_machines", "MachineSpec", "Intersect", "canonical_json",
            "UnsupportedSchemaError", "MAX_COUNT", "MAX_REF_DEPTH"]

@@ -7,15 +7,18 @@ turns each marker into a call edge of a byte DFA. A subschema becomes its own ma
 when it is recursive (a `$ref` met again while it is being converted), a free-form
 value (any JSON value at any depth: one self-calling machine), or when its regex text
 grows past `SPLIT_CHARS`; machines are memoized by regex text, so a `$ref` used fifty
-times is built once. Small subschemas stay inline, so a schema with none of the above
-converts to exactly the regex of single-regex mode.
+times is built once. A machine may also be an `Intersect` of several regexes (a value
+must match all of them, e.g. a string with both a pattern and a format): its DFA is the
+product of the parts' DFAs (constrained/dfa_ops.py), so the converter never has to
+spell an intersection as one regex. Small subschemas stay inline, so a schema with none
+of the above converts to exactly the regex of single-regex mode.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from ._regex import (BOOLEAN, NULL, NUMBER, RESERVED_BASE, RESERVED_COUNT, STRING, Frag,
                      call_marker, group)
@@ -38,15 +41,34 @@ MIN_EXTRACT_CHARS = 48
 SHARE_STRINGS_CHARS = 60_000
 
 
+@dataclass(frozen=True)
+class Intersect:
+    """A sub-machine whose language is the intersection of the parts' languages. Each
+    part is a full JSON value regex (e.g. '"' + body + '"'); parts may call machines."""
+
+    parts: tuple[str, ...]
+
+
+Sub = Union[str, Intersect, None]
+
+
+def sub_texts(sub: Sub) -> tuple[str, ...]:
+    """The regex texts a sub-machine is made of (its parts, for an Intersect)."""
+    if sub is None:
+        return ()
+    return sub.parts if isinstance(sub, Intersect) else (sub,)
+
+
 @dataclass
 class MachineSpec:
     """Conversion result: machine 0 is the root; `call_marker(i)` calls `subs[i]`.
 
-    A sub-machine regex may be None (it matches nothing); calls to it are dead.
+    A sub-machine is a regex, an `Intersect` of regexes, or None (it matches nothing;
+    calls to it are dead).
     """
 
     root: str
-    subs: list[str | None] = field(default_factory=list)
+    subs: list[Sub] = field(default_factory=list)
 
 
 class Machines:
@@ -54,14 +76,15 @@ class Machines:
 
     def __init__(self, ws: str) -> None:
         self.ws = ws
-        self.regexes: list[str | None] = []
+        self.regexes: list[Sub] = []
         self._by_text: dict[str, int] = {}
+        self._by_parts: dict[tuple[str, ...], int] = {}
         self.ref_ids: dict[str, int] = {}  # recursive $refs: id reserved before the regex
         self.ref_memo: dict[str, Frag] = {}
         self._any: str | None = None
 
     def reserve(self) -> int:
-        if len(self.regexes) >= RESERVED_COUNT - 1:  # the last code point ends machines
+        if len(self.regexes) >= RESERVED_COUNT - 1:  # the last code point: dfa_build's end marker
             raise OverflowError(f"more than {RESERVED_COUNT - 1} sub-machines")
         self.regexes.append(None)
         return len(self.regexes) - 1
@@ -77,6 +100,22 @@ class Machines:
         if mid is None:
             mid = self.reserve()
             self.define(mid, regex)
+        return call_marker(mid)
+
+    def intersect(self, parts: list[str]) -> str:
+        """The marker calling a machine whose language is the intersection of `parts`
+        (each a full JSON value regex); one machine per distinct (sorted, deduplicated)
+        part list. A single part is an ordinary call."""
+        key = tuple(sorted(set(parts)))
+        if not key:
+            raise ValueError("intersect: no parts")
+        if len(key) == 1:
+            return self.call(key[0])
+        mid = self._by_parts.get(key)
+        if mid is None:
+            mid = self.reserve()
+            self.regexes[mid] = Intersect(key)
+            self._by_parts[key] = mid
         return call_marker(mid)
 
     def any_value(self) -> str:
@@ -95,10 +134,12 @@ class Machines:
         """The machines reachable from `root` (size-driven attempts may leave unused
         ones behind; those become None and are never built)."""
         spec = self._reachable(root)
-        if spec.subs and len(spec.root) + sum(len(r or "") for r in spec.subs) > SHARE_STRINGS_CHARS:
+        size = len(spec.root) + sum(len(t) for r in spec.subs for t in sub_texts(r))
+        if spec.subs and size > SHARE_STRINGS_CHARS:
             call = self.call(STRING)
-            self.regexes = [r if r is None or r == STRING else _share(r, call)
-                            for r in self.regexes]
+            # Intersect parts keep their own strings: a product needs them inline.
+            self.regexes = [r if r is None or r == STRING or isinstance(r, Intersect)
+                            else _share(r, call) for r in self.regexes]
             spec = self._reachable(_share(root, call))
         return spec
 
@@ -110,9 +151,7 @@ class Machines:
                 mid = int(hx, 16) - RESERVED_BASE
                 if mid not in seen and mid < len(self.regexes):
                     seen.add(mid)
-                    sub = self.regexes[mid]
-                    if sub is not None:
-                        todo.append(sub)
+                    todo.extend(sub_texts(self.regexes[mid]))
         return MachineSpec(root, [r if i in seen else None for i, r in enumerate(self.regexes)])
 
 
