@@ -68,7 +68,8 @@ class CpuDecoder:
         self.head = model.embed_tokens if model.lm_head is None else model.lm_head
         self._pool: Any = None  # held, so a new pool can never reuse its id/addresses
         self._table = torch.empty(0, dtype=torch.int64)
-        self._ws: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._ws: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._flip = 0
         self._fws = torch.empty(0, dtype=torch.float32)
         self._max_len = 0
         self.steps = 0  # decode steps run here (tests and stats read it)
@@ -93,14 +94,18 @@ class CpuDecoder:
         self._fws = torch.empty(int(self.lib.sgl_decode_fws(nh, nkv, d, max_context)), dtype=torch.float32)
         self._pool = pool
 
-    def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scratch for `b` rows, and the logits buffer to write this step. Logits buffers
+        alternate between two per batch size instead of being copied out each step: the
+        caller is done with a step's logits before the step after next overwrites them."""
         ws = self._ws.get(b)
         if ws is None:
             vocab, hidden, nh, nkv, d, inter = self.dims
             n = int(self.lib.sgl_decode_ws(b, hidden, nh, nkv, d, inter, vocab))
-            ws = self._ws[b] = (torch.empty(n, dtype=torch.bfloat16), torch.empty(b, vocab, dtype=torch.float32),
-                                torch.empty(b, dtype=torch.int64))
-        return ws
+            ws = self._ws[b] = (torch.empty(n, dtype=torch.bfloat16),
+                                [torch.empty(b, vocab, dtype=torch.float32) for _ in range(2)])
+        self._flip ^= 1
+        return ws[0], ws[1][self._flip]
 
     def forward(self, batch: ForwardBatch, pool: Any) -> torch.Tensor:
         if self._pool is not pool or batch.req_to_token.shape[1] > self._max_len:
@@ -108,7 +113,7 @@ class CpuDecoder:
         m = self.model
         vocab, hidden, nh, nkv, d, inter = self.dims
         b = batch.batch_size
-        ws, logits, _ = self._workspace(b)
+        ws, logits = self._workspace(b)
         r2t = batch.req_to_token
         ids, pos, loc = batch.input_ids.contiguous(), batch.positions.contiguous(), batch.out_cache_loc.contiguous()
         rows, lens = batch.req_pool_indices.contiguous(), batch.seq_lens.contiguous()
@@ -120,7 +125,7 @@ class CpuDecoder:
         if rc != 0:
             raise RuntimeError("CPU decode kernel: a context is longer than the request table")
         self.steps += 1
-        return logits.clone()
+        return logits
 
 
 def decoder_for(model: "LlamaForCausalLM") -> CpuDecoder | None:
