@@ -30,8 +30,11 @@ _FIELDS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gu", "down", "k", "v")
 
 
 def configure(model: "LlamaForCausalLM", enabled: bool, threads: int) -> None:
-    """Engine settings for this model (otherwise the SGL_* variables decide)."""
+    """Engine settings for this model (otherwise the SGL_* variables decide). Builds the
+    kernel now where it will be used, so the first request does not wait for the compiler."""
     model._cpu_decode_opts = (enabled, threads)
+    if enabled and model.dtype == torch.bfloat16 and model.embed_tokens.device.type == "cpu":
+        decoder_for(model)
 
 
 def threads(model: "LlamaForCausalLM") -> int:
