@@ -71,6 +71,8 @@ static float dot(const bf16 *w, const bf16 *x, int n) {
 
 /* y[b, o] = bf16(sum_k W[o, k] x[b, k] (+ bias[o])) for B rows; W streamed once, row by
  * row in address order (interleaving several rows' streams measured ~2x slower here). */
+#define MAX_SIMD_ROWS 8
+
 static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y,
                       int lo, int hi) {
     for (int o = lo; o < hi; o++) {
@@ -91,8 +93,9 @@ static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, cons
         }
 #endif
 #ifdef SGL_BF16_SIMD
-        if (B <= 4 && in % 32 == 0) { /* one load of each weight chunk serves every row */
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        if (B <= MAX_SIMD_ROWS && in % 32 == 0) { /* one load of each weight chunk serves every row */
+            __m512 acc[MAX_SIMD_ROWS];
+            for (int b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
             for (int k = 0; k < in; k += 32) {
                 __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
                 for (int b = 0; b < B; b++)
