@@ -230,3 +230,16 @@ def test_logits_of_consecutive_steps_do_not_alias(monkeypatch):
     second = model(batch2, attn2)
     assert first.data_ptr() != second.data_ptr()
     assert torch.equal(first, kept) and not torch.equal(first, second)
+
+
+def test_kernel_handles_eight_rows(monkeypatch):
+    """The kernel's shared-weight-load path covers up to 8 rows, past what the engine routes."""
+    model = tiny_random_model(tiny_config(hidden_size=96, intermediate_size=192), dtype=torch.bfloat16, seed=2)
+    model.prepack()
+    pool, attn, batch = _setup(model, [3, 9, 27, 4, 15, 2, 33, 8])
+    monkeypatch.setenv("SGL_DISABLE_CPU_DECODE_KERNEL", "1")
+    ref = model(batch, attn)
+    out = cpu_decode.CpuDecoder(model, cpu_kernels.load()).forward(batch, pool)
+    tol = 0.05 * max(1.0, ref.abs().max().item())
+    assert out.shape == ref.shape and (out - ref).abs().max().item() < tol
+    _assert_same_choice(ref, out, tol)
