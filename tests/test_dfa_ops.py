@@ -120,3 +120,19 @@ def test_long_chain_counts_exactly() -> None:
     assert run(prod, s.encode())
     assert not run(prod, (s + "a").encode())
     assert run(prod, s[:-1].encode())
+
+
+def test_product_without_terminator_interegular() -> None:
+    # interegular DFAs are exact without a terminator, so acceptance inside the product
+    # (both parts accept at once) is what decides here.
+    regexes = ["[ab]*a[ab]{2}", "(?:ab|b)*a?", "[ab]{0,6}"]
+    prod = intersect([build_byte_dfa(r, engine="interegular") for r in regexes])
+    rng = random.Random(7)
+    for s in _strings(rng, 300):
+        want = all(re.fullmatch(r, s) for r in regexes)
+        d = prod.initial
+        for b in s.encode():
+            d = int(prod.trans[d, b])
+            if d < 0:
+                break
+        assert (d >= 0 and bool(prod.accept[d])) == bool(want), s
