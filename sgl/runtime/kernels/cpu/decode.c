@@ -187,32 +187,71 @@ static float exp_shift(float *s, int n, float mx) {
     return sum;
 }
 
+#ifdef SGL_BF16_SIMD
+/* out lane i = horizontal sum of v[i], for 16 vectors: a transpose-and-add tree (four
+ * shuffle stages) instead of sixteen separate horizontal reductions. */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++) /* 256-bit halves: quarters 0-1 -> v[2i], 2-3 -> v[2i+1] */
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++) /* quarter k -> v[4i + k] */
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++) /* in quarter k: lanes 0-1 -> v[8i + k], 2-3 -> v[8i + 4 + k] */
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+    /* z lane 4k + m holds v[4m + k] */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, z);
+}
+#endif
+
+/* scores[j] = scale * (q . K[slots[j], g]) for j < len. */
+static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int len, int nkv, int g, int d,
+                       float scale, float *scores) {
+    int j = 0;
+#ifdef SGL_BF16_SIMD
+    __m512 part[16];
+    for (; j + 16 <= len; j += 16) {
+        for (int jj = 0; jj < 16; jj++)
+            part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, q, d);
+        _mm512_storeu_ps(scores + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
+    }
+#endif
+    for (; j < len; j++) scores[j] = dot(K + (slots[j] * nkv + g) * d, q, d) * scale;
+}
+
 /* Attention of one token's `nh` query heads over its `len` cached slots (GQA groups
- * share each K/V row). scores: scratch of group * len floats. */
+ * share each K/V row). scores: scratch of group * len floats; acc: (group + 1) * d floats. */
 static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len,
                    int nh, int nkv, int d, float *scores, float *acc, bf16 *out) {
     int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)d);
     for (int g = 0; g < nkv; g++) {
+        for (int r = 0; r < group; r++) {
+            float *s = scores + r * len, mx = -INFINITY;
+            key_scores(q + (int64_t)(g * group + r) * d, K, slots, len, nkv, g, d, scale, s);
+            for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
+            float inv = 1.0f / exp_shift(s, len, mx);
+            for (int j = 0; j < len; j++) s[j] *= inv;
+        }
+        /* each V row is read once for the whole group */
+        float *a = acc;
+        memset(a, 0, sizeof(float) * group * d);
+        float *vf = acc + group * d; /* one V row widened to float */
         for (int j = 0; j < len; j++) {
-            const bf16 *k = K + (slots[j] * nkv + g) * d;
-            for (int r = 0; r < group; r++)
-                scores[r * len + j] = dot(k, q + (int64_t)(g * group + r) * d, d) * scale;
+            const bf16 *v = V + (slots[j] * nkv + g) * d;
+            for (int i = 0; i < d; i++) vf[i] = bf2f(v[i]);
+            for (int r = 0; r < group; r++) {
+                float p = scores[r * len + j], *ar = a + r * d;
+                for (int i = 0; i < d; i++) ar[i] += p * vf[i];
+            }
         }
         for (int r = 0; r < group; r++) {
-            float *s = scores + r * len, mx = -INFINITY, sum = 0.f;
-            for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
-            sum = exp_shift(s, len, mx);
-            float inv = 1.0f / sum;
-            float *a = acc + r * d;
-            memset(a, 0, sizeof(float) * d);
-            for (int j = 0; j < len; j++) {
-                const bf16 *v = V + (slots[j] * nkv + g) * d;
-                float p = s[j] * inv;
-                for (int i = 0; i < d; i++) a[i] += p * bf2f(v[i]);
-            }
             bf16 *o = out + (int64_t)(g * group + r) * d;
-            for (int i = 0; i < d; i++) o[i] = rbf(a[i]);
+            for (int i = 0; i < d; i++) o[i] = rbf(a[r * d + i]);
         }
     }
 }
@@ -234,7 +273,9 @@ int sgl_decode_simd(void) {
 int64_t sgl_decode_ws(int B, int hidden, int nh, int nkv, int d, int inter, int vocab) {
     return (int64_t)B * (3 * hidden + (nh + 2 * nkv) * d + nh * d + 3 * inter + vocab);
 }
-int64_t sgl_decode_fws(int nh, int nkv, int d, int max_len) { return (int64_t)nh * d + (int64_t)(nh / nkv) * max_len; }
+int64_t sgl_decode_fws(int nh, int nkv, int d, int max_len) {
+    return (int64_t)(nh + 1) * d + (int64_t)(nh / nkv) * max_len;
+}
 
 /* Returns 0, or -1 if a context is longer than max_len (the caller's scratch size). */
 int sgl_decode_step(int n_layers, const int64_t *layers, const bf16 *embed, const bf16 *norm_w,
@@ -251,7 +292,7 @@ int sgl_decode_step(int n_layers, const int64_t *layers, const bf16 *embed, cons
     bf16 *x = ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
     bf16 *gu = att + B * nh * d, *act = gu + B * 2 * inter, *tmp = act + B * inter;
     bf16 *lb = tmp + B * hidden;
-    float *acc = fws, *scores = acc + nh * d;
+    float *acc = fws, *scores = acc + (nh + 1) * d;
     for (int b = 0; b < B; b++)
         memcpy(x + b * hidden, embed + input_ids[b] * hidden, sizeof(bf16) * hidden);
     for (int l = 0; l < n_layers; l++) {
