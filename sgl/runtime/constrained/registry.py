@@ -9,8 +9,8 @@ cached in memory (LRU) and, for the regex family, on disk (the byte DFA, or the 
 every call returns a new matcher at the start state sharing the tables. A json_schema
 whose conversion needs sub-machines (recursive $refs, free-form values, very large
 subschemas) runs on the pushdown backend (pushdown.py: byte DFAs with call edges, each
-DFA disk-cached like a lazy regex's); one that fits a single regex stays on the lazy
-backend. Backends are imported lazily so that a server that never sees a CFG never
+DFA disk-cached like a lazy regex's, sub-machines built on first use); one that fits a
+single regex stays on the lazy backend. Backends are imported lazily so that a server that never sees a CFG never
 imports lark.
 
 `GrammarCompiler` runs compiles on a worker thread so the decode loop keeps going; its
@@ -190,7 +190,9 @@ def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCach
                 disk.put(disk_key, dfa)
         return dfa
 
-    tables = build_tables(machines.root, machines.subs, build, kind, build_intersect)
+    # Sub-machines are built on first use unless SGL_PUSHDOWN_LAZY=0 (all at compile).
+    lazy = os.environ.get("SGL_PUSHDOWN_LAZY", "1") not in ("0", "false", "no")
+    tables = build_tables(machines.root, machines.subs, build, kind, build_intersect, lazy)
     return CompiledPushdown(tables, tok, kind)
 
 

@@ -2,8 +2,8 @@
 optional ones maybe), then any additional members the schema allows.
 
 Commas go only between members. Once a required member is known to be written the
-list is linear; an all-optional list is split in halves recursively so each member
-regex appears O(log k) times (the copies multiply through nested objects).
+list is linear; an all-optional list is spelled so that each member regex appears
+twice (four times past 32 members) and the first member written picks the branch.
 Additional members come last; their keys must differ from every declared name, which
 `key_not_in` spells as a trie complement over decoded characters.
 """
@@ -114,9 +114,8 @@ def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str,
 
     With a required member the list is linear: the optional members before the first
     required one each carry a trailing comma, the rest a leading one. Without one the
-    list may be empty, so no member knows its comma side; `_nonempty` splits the items
-    in halves so each member regex is copied O(log k) times rather than once per
-    earlier optional member (copies multiply through nesting).
+    list may be empty, so no member knows its comma side: `_nonempty` spells the
+    nonempty in-order subsequences with each member copied twice (see there).
     """
     first_req = next((i for i, (_, req) in enumerate(members) if req), None)
     if first_req is not None:
@@ -127,28 +126,37 @@ def _members_body(members: list[tuple[str, bool]], extra: Frag, comma: str,
         if extra is not None:
             out += group(comma + extra) + "*"
         return out
-    # (nonempty form, form followed by a comma and possibly absent)
-    items = [(m, group(m + comma) + "?") for m, _ in members]
+    items = [m for m, _ in members]
     if extra is not None:
-        items.append((extra + group(comma + extra) + "*", group(extra + comma) + "*"))
+        items.append(extra + group(comma + extra) + "*")
     if not items:
         return ""
-    return group(_nonempty(items, machines)) + ("" if nonempty else "?")
+    return group(_nonempty(items, comma, machines)) + ("" if nonempty else "?")
 
 
-def _nonempty(items: list[tuple[str, str]], machines: Machines | None = None) -> str:
-    """Nonempty in-order subsequences of `items`, comma-joined: either the last chosen
-    item is in the right half (left-half items each followed by a comma, then a
-    nonempty right part) or it is in the left half. In machine mode a large part is a
-    call (it never matches the empty string, as calls require)."""
-    if len(items) == 1:
-        return items[0][0]
-    mid = len(items) // 2
-    left, right = items[:mid], items[mid:]
-    out = alt(["".join(p for _, p in left) + _nonempty(right, machines),
-               _nonempty(left, machines)]) or ""
-    if machines is not None and len(out) > SPLIT_CHARS // 2:
-        return machines.call(out)
+# Items per level of `_nonempty`: each level nests one group per item (Rust's regex
+# parser refuses nesting past 250) and copies every member twice more.
+_CHUNK = 32
+
+
+def _nonempty(items: list[str], comma: str, machines: Machines | None = None) -> str:
+    """Nonempty in-order subsequences of `items`, comma-joined.
+
+    NE(x1..xj) = NE(x1..xj-1) (,xj)? | xj: the first member written picks the branch
+    (member keys differ), so the DFA stays deterministic with each member spelled
+    twice; the halving encoding this replaces kept several alternatives alive in
+    parallel and cost the Rust DFA builder ~25x more time per state. Past `_CHUNK`
+    items the same recursion runs over chunks' NEs (4 copies for up to 1024 members).
+    In machine mode a large prefix NE is a call (never empty, as calls require)."""
+    if len(items) > _CHUNK:
+        chunks = [_nonempty(items[i:i + _CHUNK], comma, machines)
+                  for i in range(0, len(items), _CHUNK)]
+        return _nonempty(chunks, comma, machines)
+    out = items[0]
+    for x in items[1:]:
+        if machines is not None and len(out) > SPLIT_CHARS:
+            out = machines.call(out)
+        out = group(out + group(comma + x) + "?|" + x)
     return out
 
 
