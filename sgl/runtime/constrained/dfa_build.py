@@ -32,7 +32,7 @@ from .base import GrammarError
 from .byte_dfa import ByteDFA, regex_to_byte_dfa
 
 # Part of the disk-cache key: bump when the DFA a regex maps to may change.
-DFA_VERSION = "lazy-dfa-2"  # 2: end marker (full-match semantics)
+DFA_VERSION = "lazy-dfa-3"  # 2: end marker (full-match semantics); 3: start marker
 _EOS_ID = 256  # the byte vocabulary's EOS id, outside 0..255
 
 
@@ -50,7 +50,7 @@ def build_byte_dfa(regex: str, kind: str = "regex", engine: str | None = None) -
             raise GrammarError(f"{kind}: cannot compile regex ({e})") from None
         return trim(dfa.trans, dfa.accept, dfa.initial)
     try:
-        return _cut_end_marker(_rust_dfa("(?:" + regex + ")" + END_MARKER, kind))
+        return _cut_end_marker(_after_start_marker(_rust_dfa(START_MARKER + "(?:" + regex + ")" + END_MARKER, kind)))
     except GrammarError:
         # `$` before the marker can never hold; the plain build decides (its errors are
         # the regex's own).
@@ -59,6 +59,21 @@ def build_byte_dfa(regex: str, kind: str = "regex", engine: str | None = None) -
 
 END_MARKER = "\\U0010ffff"
 _END = (0xF4, 0x8F, 0xBF, 0xBF)  # U+10FFFF in UTF-8
+# The Rust builder also determinizes an unanchored start (a match may begin anywhere),
+# which for counted repeats that can restart mid-text (a string body after an escaped
+# quote) grows exponentially. A leading code point the text never spells kills every
+# restart: the build stays linear, and the DFA proper starts after the marker.
+START_MARKER = "\\U0010fffe"
+_START = (0xF4, 0x8F, 0xBF, 0xBE)
+
+
+def _after_start_marker(dfa: ByteDFA) -> ByteDFA:
+    s = dfa.initial
+    for b in _START:
+        s = int(dfa.trans[s, b]) if s >= 0 else -1
+    if s < 0:
+        raise GrammarError("regex: the start marker was not accepted")
+    return ByteDFA(dfa.trans, dfa.accept, s)
 
 
 def _cut_end_marker(dfa: ByteDFA) -> ByteDFA:
