@@ -102,11 +102,11 @@ SCHEMAS: dict[str, tuple[dict[str, Any], str, bool]] = {
                  "a person's middle name and spouse (either may be null)", False),
 }
 
-# Email (format cannot be combined with maxLength) and fractions of bounded numbers have
-# no length limit, and at plain temperature 1.0 the 135M model can loop in a domain or in
-# digits for hundreds of tokens; a frequency penalty makes closing the value win.
+# Fractions of bounded numbers have no length limit, and at plain temperature 1.0 the 135M
+# model can loop in digits for hundreds of tokens; a frequency penalty makes closing the
+# value win. (The email case is bounded by maxLength instead.)
 UNBOUNDED = {"top_p": 0.8, "frequency_penalty": 1.0}
-EXTRA_PARAMS: dict[str, dict[str, Any]] = {"email": UNBOUNDED, "number_range": UNBOUNDED}
+EXTRA_PARAMS: dict[str, dict[str, Any]] = {"number_range": UNBOUNDED}
 
 REGEXES: dict[str, tuple[str, str]] = {
     "ipv4": (r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
