@@ -243,3 +243,19 @@ def test_kernel_handles_eight_rows(monkeypatch):
     tol = 0.05 * max(1.0, ref.abs().max().item())
     assert out.shape == ref.shape and (out - ref).abs().max().item() < tol
     _assert_same_choice(ref, out, tol)
+
+
+@pytest.mark.model
+def test_a_request_gets_the_same_logits_in_any_batch(real_model):
+    """Every row is summed in the same order whatever the batch size: a request's logits
+    are bit-identical alone and among others (no batch-dependent rounding)."""
+    model = real_model
+    lens = [3, 9, 27, 4][: cpu_decode.MAX_ROWS]
+    _, attn, batch = _setup(model, lens)
+    assert cpu_decode.CpuDecoder.supports(model, attn, batch)
+    together = model(batch, attn).clone()
+    for row in range(len(lens)):
+        _, attn1, one = _setup(model, lens[: row + 1])  # same prompts (same seed), then its own step
+        alone = ForwardBatch.build([int(one.input_ids[row])], [int(one.out_cache_loc[row])], [row],
+                                   [lens[row] - 1], [1], one.req_to_token)
+        assert torch.equal(model(alone, attn1)[0], together[row]), row

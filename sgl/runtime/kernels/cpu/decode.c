@@ -73,35 +73,32 @@ static float dot(const bf16 *w, const bf16 *x, int n) {
  * row in address order (interleaving several rows' streams measured ~2x slower here). */
 #define MAX_SIMD_ROWS 8
 
+/* y[b, o] = bf16(sum_k W[o, k] x[b, k] (+ bias[o])) for B rows; W streamed once, row by
+ * row in address order (interleaving several rows' streams measured ~2x slower here).
+ * Every row is summed in the same order whatever B is (even and odd 32-wide chunks in two
+ * accumulators, then the tail), so a request's logits do not depend on its batch. */
 static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y,
                       int lo, int hi) {
     for (int o = lo; o < hi; o++) {
         const bf16 *w = W + (int64_t)o * in;
         float bo = bias ? bf2f(bias[o]) : 0.f;
 #ifdef SGL_BF16_SIMD
-        if (B == 1) { /* two accumulators hide the dot-product latency */
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        if (B <= MAX_SIMD_ROWS) {
+            __m512 a0[MAX_SIMD_ROWS], a1[MAX_SIMD_ROWS];
+            for (int b = 0; b < B; b++) a0[b] = a1[b] = _mm512_setzero_ps();
             int k = 0;
             for (; k + 64 <= in; k += 64) {
-                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(X + k));
-                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32),
-                                      (__m512bh)_mm512_loadu_si512(X + k + 32));
+                __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k), w1 = (__m512bh)_mm512_loadu_si512(w + k + 32);
+                for (int b = 0; b < B; b++) {
+                    const bf16 *x = X + (int64_t)b * in + k;
+                    a0[b] = _mm512_dpbf16_ps(a0[b], w0, (__m512bh)_mm512_loadu_si512(x));
+                    a1[b] = _mm512_dpbf16_ps(a1[b], w1, (__m512bh)_mm512_loadu_si512(x + 32));
+                }
             }
-            if (k < in) a0 = dot_acc(a0, w + k, X + k, in - k);
-            Y[o] = rbf(_mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + bo);
-            continue;
-        }
-#endif
-#ifdef SGL_BF16_SIMD
-        if (B <= MAX_SIMD_ROWS && in % 32 == 0) { /* one load of each weight chunk serves every row */
-            __m512 acc[MAX_SIMD_ROWS];
-            for (int b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
-            for (int k = 0; k < in; k += 32) {
-                __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
-                for (int b = 0; b < B; b++)
-                    acc[b] = _mm512_dpbf16_ps(acc[b], wv, (__m512bh)_mm512_loadu_si512(X + (int64_t)b * in + k));
+            for (int b = 0; b < B; b++) {
+                if (k < in) a0[b] = dot_acc(a0[b], w + k, X + (int64_t)b * in + k, in - k);
+                Y[(int64_t)b * out + o] = rbf(_mm512_reduce_add_ps(_mm512_add_ps(a0[b], a1[b])) + bo);
             }
-            for (int b = 0; b < B; b++) Y[(int64_t)b * out + o] = rbf(_mm512_reduce_add_ps(acc[b]) + bo);
             continue;
         }
 #endif
