@@ -45,7 +45,7 @@ from sgl.runtime.models import cpu_decode  # noqa: E402
 
 PEERS_DIR = HERE / ".peers"
 PEER_VENVS = {"llamacpp": ("llamacpp-venv", "llama_cpp"), "vllm": ("vllm-venv", "vllm")}
-ALL = ("sgl", "sgl-2t", "transformers", "llamacpp", "vllm")
+ALL = ("sgl", "sgl-1t", "transformers", "llamacpp", "vllm")
 
 
 def build_job(eng: Engine, args: argparse.Namespace) -> dict[str, Any]:
@@ -191,15 +191,15 @@ def main() -> None:
     prefill_flops = 2 * (params - embed) * t + 2 * 2 * c.num_layers * c.num_heads * c.head_dim * t * t / 2
     prefill_bound = t / (prefill_flops / (tflops * 1e12))
     gguf = Path(eng.model_path)
-    weight_bytes = {"sgl": bf16_bytes, "sgl-2t": bf16_bytes, "transformers": bf16_bytes, "vllm": bf16_bytes,
+    weight_bytes = {"sgl": bf16_bytes, "sgl-1t": bf16_bytes, "transformers": bf16_bytes, "vllm": bf16_bytes,
                     "llamacpp": gguf.stat().st_size if gguf.suffix == ".gguf" else bf16_bytes}
 
     results: dict[str, dict[str, Any]] = {}
     if "sgl" in chosen:
         results["sgl"] = run_sgl(eng, job)
-    if "sgl-2t" in chosen:  # the same engine with the decode kernel's products on two threads
-        cpu_decode.configure(model, True, 2)
-        results["sgl-2t"] = run_sgl(eng, job)
+    if "sgl-1t" in chosen:  # the same engine with the decode kernel on one thread
+        cpu_decode.configure(model, True, 1)
+        results["sgl-1t"] = run_sgl(eng, job)
     hf_dir = eng.hf_dir
     eng.shutdown()
     del eng, model
@@ -217,7 +217,7 @@ def main() -> None:
             results[name] = run_peer(name, str(gguf) if name == "llamacpp" else str(hf_dir), job, args.peer_timeout)
 
     ref = results.get("sgl", {}).get("shared_outputs")
-    label = {"sgl": "sgl", "sgl-2t": "sgl --cpu-decode-threads 2", "transformers": "transformers",
+    label = {"sgl": "sgl", "sgl-1t": "sgl --cpu-decode-threads 1", "transformers": "transformers",
              "llamacpp": "llama.cpp (Q4_1 GGUF)", "vllm": "vLLM-CPU"}
     rows_a, rows_b = [], []
     for name in chosen:

@@ -28,7 +28,7 @@ def _setup(model: LlamaForCausalLM, ctx_lens: list[int], seed: int = 0):
     c = model.config
     pool = KVPool(4096, c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
     attn = TorchAttentionBackend(pool)
-    r2t = torch.zeros(8, 1024, dtype=torch.int64)
+    r2t = torch.zeros(16, 1024, dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
     nxt, ids, locs = 1, [], []
     for row, n in enumerate(ctx_lens):
@@ -250,7 +250,7 @@ def test_a_request_gets_the_same_logits_in_any_batch(real_model):
     """Every row is summed in the same order whatever the batch size: a request's logits
     are bit-identical alone and among others (no batch-dependent rounding)."""
     model = real_model
-    lens = [3, 9, 27, 4][: cpu_decode.MAX_ROWS]
+    lens = [3, 9, 27, 4, 15, 2, 33, 8][: cpu_decode.MAX_ROWS]
     _, attn, batch = _setup(model, lens)
     assert cpu_decode.CpuDecoder.supports(model, attn, batch)
     together = model(batch, attn).clone()

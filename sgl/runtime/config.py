@@ -45,7 +45,8 @@ class EngineConfig:
     num_threads: int | None = _f(None, "torch CPU threads (default: all cores)")
     disable_cpu_decode_kernel: bool = _f(False, "run small bf16 CPU decode batches through torch ops instead of "
                                                 "the C decode kernel (for comparison)")
-    cpu_decode_threads: int = _f(1, "threads of the C decode kernel: 1, or 2 (faster on an otherwise idle machine)")
+    cpu_decode_threads: int | None = _f(None, "threads of the C decode kernel, 1 or 2 (default: 2 when torch has 2+; "
+                                              "use 1 on a machine other busy processes share)")
 
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
@@ -56,7 +57,7 @@ class EngineConfig:
         for name in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.cpu_decode_threads not in (1, 2):
+        if self.cpu_decode_threads not in (None, 1, 2):
             raise ValueError(f"cpu_decode_threads must be 1 or 2, got {self.cpu_decode_threads}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ValueError("max_total_tokens must be >= 16")

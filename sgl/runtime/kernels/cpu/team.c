@@ -18,7 +18,9 @@
 #define SPIN_PAUSE() ((void)0)
 #endif
 
-#define IDLE_SPINS 40000 /* ~1 ms of pause instructions before the helper sleeps */
+/* ~0.2 ms of pause instructions before the helper sleeps: longer than any gap inside a
+ * decode step, shorter than the scheduler's work between steps (the core is then free). */
+#define IDLE_SPINS 8000
 
 static struct {
     pthread_mutex_t use; /* held by the thread running a step */

@@ -6,7 +6,8 @@
  * every chunk, and waits at most for the one chunk the helper holds. The helper spins
  * between jobs (the gaps inside a decode step are microseconds; waking a sleeping thread
  * costs tens at each of the ~120 products of a step) and sleeps on a condition variable
- * after about a millisecond without work, so an idle server burns no CPU. One caller at
+ * after ~0.2 ms without work, so the core is free between steps and an idle server burns
+ * no CPU. One caller at
  * a time: `team_acquire` fails (run single-threaded) if another thread holds the team.
  * A forked child starts without a helper and makes a new one.
  */
