@@ -79,13 +79,36 @@ def _run(schema: Any, ctx: Context) -> str:
 
 def canonical_json(instance: Any, schema: Any = None) -> str:
     """The compact serialization the regex expects (keys in the schema's declared
-    property order where the schema declares properties; best effort through $ref)."""
+    property order where the schema declares properties; through $ref, into the
+    anyOf/oneOf branch the value validates against, and patternProperties)."""
     if schema is not None:
-        instance = _order(instance, schema, schema, 0)
+        instance = _order(instance, schema, schema, 0, _branch_checker(schema))
     return json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
 
 
-def _order(value: Any, schema: Any, root: Any, depth: int) -> Any:
+def _branch_checker(root: Any) -> Any:
+    """is_valid(value, subschema) with $refs resolved against `root`, or None without
+    the jsonschema package (then branches' properties are merged, best effort)."""
+    try:
+        import jsonschema
+    except ImportError:
+        return None
+    if not isinstance(root, dict):
+        return None
+    try:
+        base = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
+    except Exception:  # noqa: BLE001 - an odd root: fall back to merging
+        return None
+
+    def ok(value: Any, sub: Any) -> bool:
+        try:
+            return bool(base.evolve(schema=sub).is_valid(value))
+        except Exception:  # noqa: BLE001 - unresolvable refs, bad patterns
+            return False
+    return ok
+
+
+def _order(value: Any, schema: Any, root: Any, depth: int, valid: Any = None) -> Any:
     if depth > 40 or not isinstance(schema, dict):
         return value
     if "$ref" in schema and isinstance(schema["$ref"], str) and schema["$ref"].startswith("#"):
@@ -98,11 +121,16 @@ def _order(value: Any, schema: Any, root: Any, depth: int) -> Any:
 
             target = resolve_ref(schema["$ref"], ctx)
         if target is not None:
-            return _order(value, target, root, depth + 1)
-    subs = [schema] + [s for kw in ("allOf", "anyOf", "oneOf") for s in schema.get(kw, [])
-                       if isinstance(s, dict)]
+            return _order(value, target, root, depth + 1, valid)
+    subs = [schema] + [s for s in schema.get("allOf", []) if isinstance(s, dict)]
+    for kw in ("anyOf", "oneOf"):
+        branches = [s for s in schema.get(kw, []) if isinstance(s, dict)]
+        # The branch the value belongs to decides its key order; merge all if unknown.
+        chosen = [b for b in branches if valid is not None and valid(value, b)][:1]
+        subs += chosen or branches
     if isinstance(value, dict):
         props: dict[str, Any] = {}
+        patterns: list[tuple[str, Any]] = []
         for s in subs:
             s = _deref(s, root)
             for name, ps in (s.get("properties") or {}).items():
@@ -110,12 +138,14 @@ def _order(value: Any, schema: Any, root: Any, depth: int) -> Any:
             for name in s.get("required") or []:
                 if isinstance(name, str):
                     props.setdefault(name, True)
-        out = {k: _order(value[k], props[k], root, depth + 1) for k in props if k in value}
+            patterns += [(p, ps) for p, ps in (s.get("patternProperties") or {}).items()]
+        out = {k: _order(value[k], props[k], root, depth + 1, valid) for k in props if k in value}
+        add = next((s.get("additionalProperties") for s in subs
+                    if isinstance(s.get("additionalProperties"), dict)), None)
         for k, v in value.items():
             if k not in out:
-                add = next((s.get("additionalProperties") for s in subs
-                            if isinstance(s.get("additionalProperties"), dict)), None)
-                out[k] = _order(v, add, root, depth + 1)
+                sub = next((ps for p, ps in patterns if _search(p, k)), add)
+                out[k] = _order(v, sub, root, depth + 1, valid)
         return out
     if isinstance(value, list):
         for s in subs:
@@ -125,9 +155,18 @@ def _order(value: Any, schema: Any, root: Any, depth: int) -> Any:
                 prefix, items = items, s.get("additionalItems")
             if items is not None or prefix:
                 prefix = prefix or []
-                return [_order(v, prefix[i] if i < len(prefix) else items, root, depth + 1)
+                return [_order(v, prefix[i] if i < len(prefix) else items, root, depth + 1, valid)
                         for i, v in enumerate(value)]
     return value
+
+
+def _search(pattern: str, key: str) -> bool:
+    import re
+
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:
+        return False
 
 
 def _deref(s: Any, root: Any) -> Any:
