@@ -28,6 +28,7 @@ import torch
 from .base import GrammarError
 from .lazy_regex import VocabWalker
 from .pushdown_build import PushdownTables
+from .state_stack import whole_utf8_prefix
 from .vocab import TokenizerInfo
 
 Stack = tuple[int, ...]
@@ -322,13 +323,7 @@ class PushdownGrammar:
     def jump_forward_string(self) -> str | None:
         if self.config is _TERMINATED:
             return None
-        raw = self.compiled.forced_bytes(self.config)
-        for cut in range(len(raw), max(len(raw) - 4, -1), -1):
-            try:
-                return raw[:cut].decode("utf-8") or None
-            except UnicodeDecodeError:
-                continue
-        return None
+        return whole_utf8_prefix(self.compiled.forced_bytes(self.config))
 
     def num_accepted(self) -> int:
         return len(self.history) - 1

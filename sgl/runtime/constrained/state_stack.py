@@ -15,6 +15,17 @@ from .base import GrammarError
 TERMINATED = -1  # pseudo-state pushed when EOS is accepted
 
 
+def whole_utf8_prefix(raw: bytes) -> str | None:
+    """`raw` up to its last whole UTF-8 character (forced bytes may end mid-character;
+    the caller appends whole characters), or None if that is empty."""
+    for cut in range(len(raw), max(len(raw) - 4, -1), -1):
+        try:
+            return raw[:cut].decode("utf-8") or None
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
 class StateStackGrammar:
     def __init__(self, compiled: Any) -> None:
         self.compiled = compiled
@@ -44,14 +55,7 @@ class StateStackGrammar:
     def jump_forward_string(self) -> str | None:
         if self.state == TERMINATED:
             return None
-        raw = self.compiled.forced_bytes(self.state)
-        # Stop before an incomplete UTF-8 tail; the caller needs whole characters.
-        for cut in range(len(raw), max(len(raw) - 4, -1), -1):
-            try:
-                return raw[:cut].decode("utf-8") or None
-            except UnicodeDecodeError:
-                continue
-        return None
+        return whole_utf8_prefix(self.compiled.forced_bytes(self.state))
 
     def num_accepted(self) -> int:
         return len(self.states) - 1
