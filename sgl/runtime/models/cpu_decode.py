@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.kernels import cpu as cpu_kernels
 
@@ -86,7 +87,7 @@ class CpuDecoder:
     def supports(model: "LlamaForCausalLM", attn: Any, batch: ForwardBatch) -> bool:
         pool = getattr(attn, "pool", None)
         return (enabled(model) and model.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
-                and pool is not None and pool.dtype == torch.bfloat16 and type(attn).__name__ == "TorchAttentionBackend"
+                and pool is not None and pool.dtype == torch.bfloat16 and isinstance(attn, TorchAttentionBackend)
                 and batch.req_to_token.dtype == torch.int64 and 0 < batch.batch_size <= MAX_ROWS
                 and batch.is_decode and len(batch.logits_indices) == batch.batch_size)
 

@@ -41,7 +41,6 @@ static inline bf16 f2bf(float f) { /* round to nearest even, NaN kept quiet */
     return (bf16)(u >> 16);
 }
 
-static inline bf16 rbf(float f) { return f2bf(f); }
 static inline float rf(float f) { return bf2f(f2bf(f)); } /* value rounded through bf16 */
 
 /* ---- dot products of bf16 vectors, fp32 accumulation ------------------------------ */
@@ -97,12 +96,12 @@ static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, cons
             }
             for (int b = 0; b < B; b++) {
                 if (k < in) a0[b] = dot_acc(a0[b], w + k, X + (int64_t)b * in + k, in - k);
-                Y[(int64_t)b * out + o] = rbf(_mm512_reduce_add_ps(_mm512_add_ps(a0[b], a1[b])) + bo);
+                Y[(int64_t)b * out + o] = f2bf(_mm512_reduce_add_ps(_mm512_add_ps(a0[b], a1[b])) + bo);
             }
             continue;
         }
 #endif
-        for (int b = 0; b < B; b++) Y[(int64_t)b * out + o] = rbf(dot(w, X + (int64_t)b * in, in) + bo);
+        for (int b = 0; b < B; b++) Y[(int64_t)b * out + o] = f2bf(dot(w, X + (int64_t)b * in, in) + bo);
     }
 }
 
@@ -139,7 +138,7 @@ static void rmsnorm(const bf16 *x, const bf16 *w, int n, float eps, bf16 *out) {
         ss += v * v;
     }
     float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = rbf(bf2f(w[i]) * rf(bf2f(x[i]) * r));
+    for (int i = 0; i < n; i++) out[i] = f2bf(bf2f(w[i]) * rf(bf2f(x[i]) * r));
 }
 
 /* Rotate-half RoPE on `nh` heads of size d in place; cos/sin rows hold d/2 values. */
@@ -149,8 +148,8 @@ static void rope(bf16 *x, int nh, int d, const bf16 *cs, const bf16 *sn) {
         bf16 *v = x + (int64_t)h * d;
         for (int i = 0; i < h2; i++) {
             float a = bf2f(v[i]), b = bf2f(v[i + h2]), c = bf2f(cs[i]), s = bf2f(sn[i]);
-            v[i] = rbf(rf(a * c) + rf(-b * s));
-            v[i + h2] = rbf(rf(b * c) + rf(a * s));
+            v[i] = f2bf(rf(a * c) + rf(-b * s));
+            v[i + h2] = f2bf(rf(b * c) + rf(a * s));
         }
     }
 }
@@ -248,7 +247,7 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
         }
         for (int r = 0; r < group; r++) {
             bf16 *o = out + (int64_t)(g * group + r) * d;
-            for (int i = 0; i < d; i++) o[i] = rbf(a[r * d + i]);
+            for (int i = 0; i < d; i++) o[i] = f2bf(a[r * d + i]);
         }
     }
 }
@@ -308,18 +307,18 @@ int sgl_decode_step(int n_layers, const int64_t *layers, const bf16 *embed, cons
             attend(qkv + b * qkv_n, K, V, req_to_token + req_rows[b] * r2t_stride, (int)seq_lens[b],
                    nh, nkv, d, scores, acc, att + b * nh * d);
         gemv((const bf16 *)p[L_O], att, B, hidden, nh * d, o_b, tmp);
-        for (int i = 0; i < B * hidden; i++) x[i] = rbf(bf2f(x[i]) + bf2f(tmp[i]));
+        for (int i = 0; i < B * hidden; i++) x[i] = f2bf(bf2f(x[i]) + bf2f(tmp[i]));
         for (int b = 0; b < B; b++) rmsnorm(x + b * hidden, (const bf16 *)p[L_LN2], hidden, eps, xn + b * hidden);
         gemv((const bf16 *)p[L_GU], xn, B, 2 * inter, hidden, 0, gu);
         for (int b = 0; b < B; b++) {
             const bf16 *g = gu + b * 2 * inter, *u = g + inter;
             for (int i = 0; i < inter; i++) {
                 float gv = bf2f(g[i]);
-                act[b * inter + i] = rbf(rf(gv / (1.0f + expf(-gv))) * bf2f(u[i]));
+                act[b * inter + i] = f2bf(rf(gv / (1.0f + expf(-gv))) * bf2f(u[i]));
             }
         }
         gemv((const bf16 *)p[L_DOWN], act, B, hidden, inter, 0, tmp);
-        for (int i = 0; i < B * hidden; i++) x[i] = rbf(bf2f(x[i]) + bf2f(tmp[i]));
+        for (int i = 0; i < B * hidden; i++) x[i] = f2bf(bf2f(x[i]) + bf2f(tmp[i]));
     }
     for (int b = 0; b < B; b++) rmsnorm(x + b * hidden, norm_w, hidden, eps, xn + b * hidden);
     /* as the torch path: the projection rounds to bf16, then widens to float */
