@@ -1,7 +1,7 @@
 """C kernels for the CPU path, compiled on first use with the system C compiler.
 
-`load()` builds `decode.c` and `team.c` with `-O3 -march=native` into
-`$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl), keyed by a hash of the source, the
+`load()` builds every `.c` file here (decode step, attention, fused ops, team.c) into
+one library with `-O3 -march=native` in `$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl), keyed by a hash of the source, the
 compiler and the CPU's flags, and returns the ctypes library, or None (with one
 warning) where no compiler is present or the build fails; callers then keep the torch
 path. The build takes about a second; later processes reuse the cached library.
@@ -20,7 +20,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).with_name(n) for n in ("decode.c", "team.c", "team.h")]
+# Every C file here goes into one library (kernels share team.c's helper thread).
+_SOURCES = sorted(p for p in Path(__file__).parent.iterdir() if p.suffix in (".c", ".h"))
 _libs: dict[str, ctypes.CDLL | None] = {}
 
 
