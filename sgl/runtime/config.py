@@ -36,7 +36,7 @@ class EngineConfig:
     schedule_policy: str = _f("lpm", "waiting-queue order: lpm (longest cached prefix), fcfs, dfs-weight",
                               SCHEDULE_POLICIES)
     disable_radix_cache: bool = _f(False, "do not share KV between requests (for comparison)")
-    attention_backend: str | None = _f(None, "torch or triton (default: triton when CUDA is available)")
+    attention_backend: str | None = _f(None, "cpu, torch or triton (default: triton on CUDA, else cpu where its C kernel applies)")
     disable_jump_forward: bool = _f(False, "sample forced grammar strings token by token (for comparison)")
     enable_mixed_chunk: bool = _f(False, "run running requests' decode steps inside prefill batches "
                                          "(no pause while long prompts are prefilled)")

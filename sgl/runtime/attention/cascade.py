@@ -189,7 +189,7 @@ def _attend_group(qs: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, ko: torc
     scores = torch.empty((kv, n, m, s + l), dtype=qs.dtype, device=qs.device)
     scores[..., :s] = torch.bmm(q_k, kp.transpose(1, 2)).view(kv, n, m, s)
     ko = ko.view(kv * n, l, d)
-    scores[..., s:] = torch.bmm(q_k.view(kv * n, m, d), ko.transpose(1, 2)).view(kv, n, m, l)
+    scores[..., s:] = torch.bmm(q_k.reshape(kv * n, m, d), ko.transpose(1, 2)).view(kv, n, m, l)
     scores.view(kv, n, e, g, s + l)[..., s:].masked_fill_(grp.hidden, float("-inf"))
     # On bf16 the CPU softmax computes in float32 internally and rounds the probabilities
     # once: the same numbers as an explicit float32 softmax, in one pass instead of three.

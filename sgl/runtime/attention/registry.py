@@ -1,12 +1,14 @@
 """Pick an attention backend by name, importing only the one chosen.
 
-"auto" (or None) means Triton when the pool lives on a CUDA device and torch otherwise,
-so the CPU path never imports Triton. Naming "triton" without a GPU is allowed only
+"auto" (or None) means Triton when the pool lives on a CUDA device; on the CPU it means
+"cpu" (the C attention kernel) where that kernel serves the pool (bf16, head_dim 64/128,
+AVX512-BF16, a C compiler) and "torch" otherwise, so the CPU path never imports Triton. Naming "triton" without a GPU is allowed only
 under TRITON_INTERPRET=1 (the kernels' CPU correctness mode).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -14,11 +16,14 @@ import torch
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.memory.kv_pool import KVPool
 
-BACKEND_NAMES = ("auto", "torch", "triton")
+log = logging.getLogger(__name__)
+
+BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
 
 
 def resolve_backend_name(name: str | None, device: torch.device | str | None = None) -> str:
-    """'torch' or 'triton' for a requested name ('auto'/None decides by the device)."""
+    """'torch' or 'triton' for a requested name ('auto'/None decides by the device; the
+    engine then upgrades 'torch' to 'cpu' where the C kernel applies)."""
     if name is None or name == "auto":
         if device is None:
             return "triton" if torch.cuda.is_available() else "torch"
@@ -35,6 +40,15 @@ def create_attention_backend(
     if device is None and pool.k_buffers:
         device = pool.k_buffers[0].device
     resolved = resolve_backend_name(name, device)
+    if resolved == "torch" and name in (None, "auto") or resolved == "cpu":
+        from sgl.runtime.attention import cpu_backend
+
+        if cpu_backend.kernel_supported(pool):
+            return cpu_backend.CpuAttentionBackend(pool)
+        if resolved == "cpu":
+            log.warning("the C attention kernel does not serve this pool (needs bf16, head_dim 64/128, "
+                        "AVX512-BF16 and a C compiler): using the torch backend")
+        resolved = "torch"
     if resolved == "torch":
         from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 

@@ -14,34 +14,10 @@
  * matrix-vector products split their rows with one helper thread (team.c): one core
  * reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the caller's thread.
  */
+#include "simd.h"
 #include "team.h"
 
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
-#define SGL_BF16_SIMD 1
-#endif
-
-typedef uint16_t bf16;
-
-static inline float bf2f(bf16 h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline bf16 f2bf(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
-}
-
-static inline float rf(float f) { return bf2f(f2bf(f)); } /* value rounded through bf16 */
 
 /* ---- dot products of bf16 vectors, fp32 accumulation ------------------------------ */
 #ifdef SGL_BF16_SIMD
@@ -154,26 +130,15 @@ static void rope(bf16 *x, int nh, int d, const bf16 *cs, const bf16 *sn) {
     }
 }
 
-/* s[j] = exp(s[j] - mx) in place; returns the sum. The vector path is a degree-6
- * polynomial on the reduced argument (relative error ~2e-7, below bf16's 4e-3). */
+/* s[j] = exp(s[j] - mx) in place; returns the sum. */
 static float exp_shift(float *s, int n, float mx) {
     float sum = 0.f;
     int j = 0;
 #ifdef SGL_BF16_SIMD
-    const __m512 log2e = _mm512_set1_ps(1.44269504f), ln2 = _mm512_set1_ps(0.69314718f), m = _mm512_set1_ps(mx);
+    const __m512 m = _mm512_set1_ps(mx);
     __m512 vs = _mm512_setzero_ps();
     for (; j + 16 <= n; j += 16) {
-        __m512 x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), m), _mm512_set1_ps(-87.0f));
-        __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 f = _mm512_fnmadd_ps(t, ln2, x); /* x - t ln2, in [-ln2/2, ln2/2] */
-        __m512 p = _mm512_set1_ps(1.0f / 720);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-        __m512 e = _mm512_scalef_ps(p, t);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
         _mm512_storeu_ps(s + j, e);
         vs = _mm512_add_ps(vs, e);
     }
