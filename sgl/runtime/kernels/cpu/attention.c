@@ -268,6 +268,7 @@ int sgl_attn_forward(const bf16 *q, int64_t qs, bf16 *out, const bf16 *kb, const
     if (team) {
         team_run(pack_chunk, &J, npack);
         team_run(attend_chunk, &J, nitems);
+        team_rest(); /* torch's GEMM threads come next */
         team_release();
     } else {
         for (int c = 0; c < npack; c++) pack_chunk(&J, c);

@@ -29,6 +29,7 @@ static struct {
     _Atomic uint64_t ticket;
     atomic_int finished; /* chunks of the current job done, by either thread */
     atomic_int sleeping;
+    atomic_int rest; /* sleep now instead of spinning: other threads want the core next */
     int started;
     team_fn fn;
     void *arg;
@@ -55,7 +56,7 @@ static void *helper(void *unused) {
         int spins = 0;
         uint32_t job;
         while ((job = (uint32_t)(atomic_load_explicit(&T.ticket, memory_order_acquire) >> 32)) == seen) {
-            if (++spins < IDLE_SPINS) {
+            if (++spins < IDLE_SPINS && !atomic_load_explicit(&T.rest, memory_order_relaxed)) {
                 SPIN_PAUSE();
                 continue;
             }
@@ -101,10 +102,13 @@ int team_acquire(void) {
 
 void team_release(void) { pthread_mutex_unlock(&T.use); }
 
+void team_rest(void) { atomic_store_explicit(&T.rest, 1, memory_order_relaxed); }
+
 void team_run(team_fn fn, void *arg, int nchunks) {
     T.fn = fn;
     T.arg = arg;
     T.nchunks = nchunks;
+    atomic_store_explicit(&T.rest, 0, memory_order_relaxed);
     atomic_store_explicit(&T.finished, 0, memory_order_relaxed);
     uint32_t job = (uint32_t)(atomic_load(&T.ticket) >> 32) + 1;
     atomic_store_explicit(&T.ticket, (uint64_t)job << 32, memory_order_release);

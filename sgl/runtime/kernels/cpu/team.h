@@ -18,3 +18,6 @@ typedef void (*team_fn)(void *arg, int chunk);
 int team_acquire(void); /* 1 if this thread may use the team now */
 void team_release(void);
 void team_run(team_fn fn, void *arg, int nchunks);
+/* Let the helper sleep right away after the current job (the caller's next work is
+ * someone else's threads, e.g. torch's GEMMs, which need the core). */
+void team_rest(void);
