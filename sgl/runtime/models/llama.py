@@ -7,7 +7,9 @@ several times faster than fp32), RoPE uses a precomputed cos/sin table indexed b
 the rows in `batch.logits_indices` go through the final norm and the vocab projection.
 Weights are loaded from Hugging Face tensor names with `load_weights`. Small bf16
 decode batches on the CPU run as one C call (cpu_decode.py); other one-token steps run
-on one CPU thread.
+on one CPU thread. Other bf16 CPU steps (prefill, wide batches) run the elementwise ops
+between the matmuls as fused C passes (cpu_ops.py: residual add + RMSNorm, RoPE in place,
+SiLU*up); fp32 and other devices keep the plain torch ops.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
-from sgl.runtime.models import cpu_decode
+from sgl.runtime.models import cpu_decode, cpu_ops
 from sgl.runtime.models.cpu_linear import linear, pack_weight
 
 # Steps with at most this many tokens run on one CPU thread: a few-row step is bound by
@@ -114,6 +116,29 @@ class DecoderLayer(nn.Module):
         gate, up = linear(self.post_attention_layernorm(x), self.gate_up_weight, pk.get("gate_up_weight")).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.down_weight, pk.get("down_weight"))
 
+    def forward_fused(self, x: torch.Tensor, xn: torch.Tensor, rope: tuple, batch: ForwardBatch,
+                      attn: AttentionBackend, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with the fused CPU ops: `xn` is this layer's input norm of `x` (the caller
+        fused it with the previous residual add). Returns (residual, MLP output), which the
+        caller adds (fused with the next norm); the residual is `x`, updated in place, or,
+        with `keep`, only those rows: past attention, no other row reaches the logits."""
+        t = x.shape[0]
+        h, kv, d = self.h, self.kv, self.d
+        pk = self.packed
+        qkv = linear(xn, self.qkv_weight, pk.get("qkv_weight"), self.qkv_bias)
+        cpu_ops.rope_(qkv, *rope, h + kv, d)
+        q = qkv[:, : h * d].view(t, h, d)
+        k = qkv[:, h * d : (h + kv) * d].view(t, kv, d)
+        v = qkv[:, (h + kv) * d :].view(t, kv, d)
+        o = attn.forward(q, k, v, self.layer_id, batch).reshape(t, h * d)
+        if keep is not None and keep.numel() < t:
+            o, x = o[keep], x[keep]
+        o = linear(o, self.o_weight, pk.get("o_weight"), self.o_bias)
+        ln2 = self.post_attention_layernorm
+        xn = cpu_ops.add_rmsnorm(x, o, ln2.weight, ln2.eps)
+        act = cpu_ops.silu_mul(linear(xn, self.gate_up_weight, pk.get("gate_up_weight")))
+        return x, linear(act, self.down_weight, pk.get("down_weight"))
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -155,6 +180,8 @@ class LlamaForCausalLM(nn.Module):
     def _forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         attn.init_forward(batch)
         x = F.embedding(batch.input_ids, self.embed_tokens)
+        if cpu_ops.applies(x):
+            return self._forward_fused(x, batch, attn)
         # [T, 1, 2, d/2], broadcast over heads: (cos, cos) and (-sin, sin) for the two halves,
         # so each layer's rotation is x * cos + flip(x) * sin, exactly HF's arithmetic.
         c = self.rope_cos[batch.positions].unsqueeze(1)
@@ -165,6 +192,20 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, batch, attn)
         x = self.norm(x[batch.logits_indices])
         return linear(x, head, self.packed_head).float()
+
+    def _forward_fused(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """`_forward` on bf16 CPU tensors with the fused ops (same rounding, see cpu_ops)."""
+        rope = (batch.positions, self.rope_cos, self.rope_sin)
+        ln = self.layers[0].input_layernorm
+        xn = cpu_ops.rmsnorm(x, ln.weight, ln.eps)
+        n = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            # The last layer finishes only the rows that produce logits (e.g. 1 of a prefill's).
+            x, y = layer.forward_fused(x, xn, rope, batch, attn, batch.logits_indices if i + 1 == n else None)
+            ln = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
+            xn = cpu_ops.add_rmsnorm(x, y, ln.weight, ln.eps)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return linear(xn, head, self.packed_head).float()
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; raise on gaps."""

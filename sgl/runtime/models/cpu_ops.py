@@ -1,0 +1,126 @@
+"""Fused bf16 elementwise ops for the CPU forward (kernels/cpu/ops.c), with torch fallbacks.
+
+The torch path of a Llama layer spends its non-matmul time in ~15 small ops (RMSNorm's
+float32 round trip, RoPE's flip and products, SiLU*up, residual adds), each a pass over
+memory and a dispatch. These wrappers run each group as one C pass per row, with the
+same bf16 rounding as the torch expressions (see ops.c), on one thread by default (two on request, see DEFAULT_THREADS).
+
+`applies(x)` says whether the C ops serve tensors like `x`: bf16 on the CPU, the library
+built, and `SGL_DISABLE_CPU_OPS` unset (or 0). Each wrapper also computes the torch
+expression itself where they do not, so callers may use them unconditionally.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+import torch.nn.functional as F
+
+from sgl.runtime.kernels import cpu as cpu_kernels
+
+_lib: ctypes.CDLL | None | bool = False  # False: not looked up yet
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of the sgl_ops_* functions on `lib`."""
+    p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+    lib.sgl_ops_simd.restype = i
+    lib.sgl_ops_rmsnorm.restype = None
+    lib.sgl_ops_rmsnorm.argtypes = [p, p, p, i, i, f, i]
+    lib.sgl_ops_add_rmsnorm.restype = None
+    lib.sgl_ops_add_rmsnorm.argtypes = [p, p, p, p, i, i, f, i]
+    lib.sgl_ops_rope.restype = i
+    lib.sgl_ops_rope.argtypes = [p, i64, i, i, i, p, p, p, i64, i]
+    lib.sgl_ops_silu_mul.restype = None
+    lib.sgl_ops_silu_mul.argtypes = [p, p, i, i, i]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernel library with this module's functions declared, or None."""
+    global _lib
+    if _lib is False:
+        lib = cpu_kernels.load()
+        _lib = declare(lib) if lib is not None else None
+    return _lib  # type: ignore[return-value]
+
+
+def enabled() -> bool:
+    return os.environ.get("SGL_DISABLE_CPU_OPS", "0").lower() in ("", "0", "false", "no")
+
+
+def applies(x: torch.Tensor) -> bool:
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and enabled() and library() is not None
+
+
+# Threads per call. One by default: between oneDNN's GEMMs, torch's OpenMP workers are
+# still spinning on the other core, so team.c's helper thread is often descheduled while
+# it holds a chunk and the caller waits for it. Measured in the model forward (2 cores):
+# two threads made the ops 1.2-8x slower (batch-64 decode step 94 -> 119 ms; 1,024-token
+# prefill 1,057 -> 1,064 ms). Two pay off only where the other core is otherwise idle.
+DEFAULT_THREADS = 1
+
+
+def _c(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int | None = None) -> torch.Tensor:
+    """`weight * F.rms_norm(x.float(), eps).to(x.dtype)` over the last dim of 2-D `x`."""
+    lib = library() if applies(x) else None
+    if lib is None:
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    lib.sgl_ops_rmsnorm(_c(x), _c(weight), _c(out), x.shape[0], x.shape[1], eps, threads or DEFAULT_THREADS)
+    return out
+
+
+def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
+                threads: int | None = None) -> torch.Tensor:
+    """`x += y` (in place; `x` must be contiguous), then `rmsnorm(x, weight, eps)`."""
+    lib = library() if applies(x) else None
+    if lib is None or not x.is_contiguous():
+        x.add_(y)
+        return rmsnorm(x, weight, eps, threads)
+    y = y.contiguous()
+    out = torch.empty_like(x)
+    lib.sgl_ops_add_rmsnorm(_c(x), _c(y), _c(weight), _c(out), x.shape[0], x.shape[1], eps, threads or DEFAULT_THREADS)
+    return out
+
+
+def rope_(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int,
+          head_dim: int, threads: int | None = None) -> torch.Tensor:
+    """Rotate-half RoPE in place on the first `heads` heads of each row of `qkv` [T, >=
+    heads * head_dim] (row-contiguous), with `cos`/`sin` [max_pos, head_dim / 2] tables
+    in qkv's dtype: per half, `(a, b) -> (a c - b s, b c + a s)`, each product rounded to
+    the dtype as torch's `qk * cos + qk.flip(2) * sin` does. Returns qkv."""
+    lib = library() if applies(qkv) else None
+    if lib is None or qkv.stride(1) != 1 or not (cos.is_contiguous() and sin.is_contiguous()):
+        t = qkv.shape[0]
+        qk = qkv[:, : heads * head_dim].view(t, heads, 2, head_dim // 2)
+        c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        cs, sn = torch.stack((c, c), dim=2), torch.stack((-s, s), dim=2)
+        qk.copy_(qk * cs + qk.flip(2) * sn)
+        return qkv
+    pos = positions.to(torch.int64).contiguous()
+    rc = lib.sgl_ops_rope(_c(qkv), qkv.stride(0), qkv.shape[0], heads, head_dim, _c(cos), _c(sin), _c(pos),
+                          cos.shape[0], threads or DEFAULT_THREADS)
+    if rc != 0:
+        raise IndexError(f"RoPE position outside the table of {cos.shape[0]} positions")
+    return qkv
+
+
+def silu_mul(gate_up: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """`F.silu(gate) * up` where `gate, up = gate_up.chunk(2, dim=-1)` (2-D)."""
+    lib = library() if applies(gate_up) else None
+    if lib is None:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    gate_up = gate_up.contiguous()
+    n = gate_up.shape[1] // 2
+    out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype)
+    lib.sgl_ops_silu_mul(_c(gate_up), _c(out), gate_up.shape[0], n, threads or DEFAULT_THREADS)
+    return out
