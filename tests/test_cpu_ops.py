@@ -135,8 +135,8 @@ def _forward_both(model, batch_fn, monkeypatch) -> tuple[torch.Tensor, torch.Ten
 
 
 def _ragged_steps(model) -> torch.Tensor:
-    """Prefill two requests (one with 3 logits rows), extend one of them, then decode a
-    batch of 9 (past the decode kernel's 8 rows): all logits, concatenated."""
+    """Prefill two requests (logits rows out of order), extend one of them, then decode a
+    batch of 9 (past the decode kernel's 8 rows; its logits rows reversed): all logits."""
     c = model.config
     pool = KVPool(1024, c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
     attn = TorchAttentionBackend(pool)
@@ -146,7 +146,7 @@ def _ragged_steps(model) -> torch.Tensor:
     r2t[0, :60] = torch.arange(1, 61)
     r2t[1, :33] = torch.arange(61, 94)
     pre = ForwardBatch.build(ids[:50] + ids[50:83], list(range(1, 51)) + list(range(61, 94)), [0, 1], [0, 0],
-                             [50, 33], r2t, logits_indices=[10, 49, 82])
+                             [50, 33], r2t, logits_indices=[82, 10, 49, 10])  # any order, repeats
     ext = ForwardBatch.build(ids[83:93], list(range(51, 61)), [0], [50], [10], r2t)
     out = [model(pre, attn), model(ext, attn)]
     rows, locs = [], []
@@ -156,7 +156,7 @@ def _ragged_steps(model) -> torch.Tensor:
         r2t[r, 60] = 100 + i
         rows.append(r)
         locs.append(100 + i)
-    dec = ForwardBatch.build(ids[100:109], locs, rows, [60] * 9, [1] * 9, r2t)
+    dec = ForwardBatch.build(ids[100:109], locs, rows, [60] * 9, [1] * 9, r2t, logits_indices=list(range(8, -1, -1)))
     out.append(model(dec, attn))
     return torch.cat(out)
 
@@ -167,7 +167,7 @@ def test_tiny_model_ragged_batches_match_torch_path(overrides, monkeypatch):
     model = tiny_random_model(tiny_config(**overrides), dtype=BF, seed=3)
     model.prepack()
     ref, out = _forward_both(model, _ragged_steps, monkeypatch)
-    assert out.shape == ref.shape == (3 + 1 + 9, model.config.vocab_size)
+    assert out.shape == ref.shape == (4 + 1 + 9, model.config.vocab_size)
     assert torch.equal(out, ref)
 
 

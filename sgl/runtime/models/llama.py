@@ -127,11 +127,9 @@ class DecoderLayer(nn.Module):
         pk = self.packed
         qkv = linear(xn, self.qkv_weight, pk.get("qkv_weight"), self.qkv_bias)
         cpu_ops.rope_(qkv, *rope, h + kv, d)
-        q = qkv[:, : h * d].view(t, h, d)
-        k = qkv[:, h * d : (h + kv) * d].view(t, kv, d)
-        v = qkv[:, (h + kv) * d :].view(t, kv, d)
-        o = attn.forward(q, k, v, self.layer_id, batch).reshape(t, h * d)
-        if keep is not None and keep.numel() < t:
+        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=1)
+        o = attn.forward(q.view(t, h, d), k.view(t, kv, d), v.view(t, kv, d), self.layer_id, batch).reshape(t, h * d)
+        if keep is not None:  # always gathered: the logits rows may come in any order
             o, x = o[keep], x[keep]
         o = linear(o, self.o_weight, pk.get("o_weight"), self.o_bias)
         ln2 = self.post_attention_layernorm
