@@ -70,6 +70,9 @@ def test_rmsnorm_and_add_rmsnorm(lib, rows, n, threads):
     out = cpu_ops.add_rmsnorm(xs, y, w, EPS, threads)
     assert torch.equal(xs, x + y)  # the residual is updated in place, rounded as torch's add
     _assert_same_bits(out, _norm_ref(x + y, w))
+    xs = x.clone()  # the C entry point without an output: the add alone
+    lib.sgl_ops_add_rmsnorm(xs.data_ptr(), y.data_ptr(), w.data_ptr(), None, rows, n, EPS, threads)
+    assert torch.equal(xs, x + y)
 
 
 @pytest.mark.parametrize("rows,n", [(1, 64), (7, 72), (33, 576), (257, 100)])
