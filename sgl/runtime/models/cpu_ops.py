@@ -58,11 +58,11 @@ def applies(x: torch.Tensor) -> bool:
 
 # Threads per call. One by default: standalone, two threads halve an op's time (1,024
 # rows: RoPE 190 -> 103 us, SiLU*up 700 -> 350 us), but inside the forward team.c's
-# helper competes with torch's OpenMP threads of the GEMMs around each op; when it is
-# descheduled holding a chunk, the caller waits. Measured in the model forward (2 cores):
-# the ops got 1.2-8x slower (batch-64 decode step 94 -> 119 ms; 1,024-token prefill
-# 1,037 -> 1,054 ms), also with OMP_WAIT_POLICY=PASSIVE. Two pay off where the other
-# core is otherwise idle.
+# helper competes with torch's OpenMP threads of the GEMMs around each op. Measured in
+# the model forward (2 cores, C attention backend), one vs two threads: the ops of a
+# 1,024-token prefill take 60 vs 40 ms, yet the forward is no faster (822 vs 823 ms);
+# a batch-64 decode step is equal (96 vs 97 ms). Before the helper rested after each op
+# (team_rest), two made the forward slower (batch-64 step 94 -> 119 ms).
 DEFAULT_THREADS = 1
 
 

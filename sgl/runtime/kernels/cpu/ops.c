@@ -215,6 +215,7 @@ static void run(OpsJob *j, int64_t elems, int threads) {
     if (threads >= 2 && j->rows >= 2 && elems >= SPLIT_MIN_ELEMS && team_acquire()) {
         j->chunk = (j->rows + CHUNKS - 1) / CHUNKS;
         team_run(run_chunk, j, (j->rows + j->chunk - 1) / j->chunk);
+        team_rest(); /* torch's GEMM threads come next: the helper must not spin on their core */
         team_release();
         return;
     }
