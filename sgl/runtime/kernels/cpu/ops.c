@@ -15,34 +15,13 @@
  * All bf16 tensors are passed as uint16_t; all are contiguous except the qkv rows of
  * RoPE, which take a row stride.
  */
+#include "simd.h"
 #include "team.h"
 
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
+#if defined(SGL_BF16_SIMD) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define OPS_SIMD 1
 #endif
-
-typedef uint16_t bf16;
-
-static inline float ops_bf2f(bf16 h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline bf16 ops_f2bf(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
-}
-
-static inline float ops_rf(float f) { return ops_bf2f(ops_f2bf(f)); }
 
 static inline float ops_silu(float g) { return g / (1.0f + expf(-g)); }
 
@@ -88,7 +67,7 @@ enum { SUM_W = 8, SUM_ILP = 4, SUM_LEVELS = 4, SUM_ROW = SUM_W * SUM_ILP };
 
 static inline void add_sq(float *acc, const bf16 *x, int cnt) {
     for (int l = 0; l < cnt; l++) {
-        float v = ops_bf2f(x[l]);
+        float v = bf2f(x[l]);
         acc[l] += v * v;
     }
 }
@@ -117,7 +96,7 @@ static float sumsq(const bf16 *x, int n) {
     for (int k = 1; k < SUM_ILP; k++)
         for (int l = 0; l < SUM_W; l++) p[l] += p[k * SUM_W + l];
     float s = 0.f;
-    for (int k = nv * SUM_W; k < n; k++) s += ops_bf2f(x[k]) * ops_bf2f(x[k]);
+    for (int k = nv * SUM_W; k < n; k++) s += bf2f(x[k]) * bf2f(x[k]);
     for (int l = 0; l < SUM_W; l++) s += p[l];
     return s;
 }
@@ -139,10 +118,10 @@ static void norm_row(bf16 *x, const bf16 *y, const bf16 *w, int n, float eps, bf
     }
 #else
     if (y)
-        for (int k = 0; k < n; k++) x[k] = ops_f2bf(ops_bf2f(x[k]) + ops_bf2f(y[k]));
+        for (int k = 0; k < n; k++) x[k] = f2bf(bf2f(x[k]) + bf2f(y[k]));
     if (!out) return;
     float r = 1.0f / sqrtf(sumsq(x, n) / (float)n + eps);
-    for (int k = 0; k < n; k++) out[k] = ops_f2bf(ops_bf2f(w[k]) * ops_rf(ops_bf2f(x[k]) * r));
+    for (int k = 0; k < n; k++) out[k] = f2bf(bf2f(w[k]) * rf(bf2f(x[k]) * r));
 #endif
 }
 
@@ -160,9 +139,9 @@ static void rope_row(bf16 *v, int nh, int d, const bf16 *cs, const bf16 *sn) {
         }
 #else
         for (int i = 0; i < h2; i++) {
-            float a = ops_bf2f(v[i]), b = ops_bf2f(v[i + h2]), c = ops_bf2f(cs[i]), s = ops_bf2f(sn[i]);
-            v[i] = ops_f2bf(ops_rf(a * c) + ops_rf(-b * s));
-            v[i + h2] = ops_f2bf(ops_rf(b * c) + ops_rf(a * s));
+            float a = bf2f(v[i]), b = bf2f(v[i + h2]), c = bf2f(cs[i]), s = bf2f(sn[i]);
+            v[i] = f2bf(rf(a * c) + rf(-b * s));
+            v[i + h2] = f2bf(rf(b * c) + rf(a * s));
         }
 #endif
     }
@@ -179,7 +158,7 @@ static void silu_mul_row(const bf16 *gu, int n, bf16 *out) {
         st(out + k, _mm512_mul_ps(rnd(s), ld(u + k, m)), m);
     }
 #else
-    for (int k = 0; k < n; k++) out[k] = ops_f2bf(ops_rf(ops_silu(ops_bf2f(gu[k]))) * ops_bf2f(u[k]));
+    for (int k = 0; k < n; k++) out[k] = f2bf(rf(ops_silu(bf2f(gu[k]))) * bf2f(u[k]));
 #endif
 }
 
