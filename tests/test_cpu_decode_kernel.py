@@ -134,6 +134,9 @@ def test_only_small_bf16_decode_batches_take_the_kernel(monkeypatch):
     assert not cpu_decode.CpuDecoder.supports(model, attn, prefill)
     fp32 = tiny_random_model(tiny_config(), dtype=torch.float32)
     assert not cpu_decode.CpuDecoder.supports(fp32, attn, batch)
+    # Logits rows in another order (the kernel writes row i for request i) take torch.
+    batch.logits_indices = batch.logits_indices.flip(0)
+    assert not cpu_decode.CpuDecoder.supports(model, attn, batch)
 
 
 @pytest.mark.model

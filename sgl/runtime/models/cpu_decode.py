@@ -89,7 +89,9 @@ class CpuDecoder:
         return (enabled(model) and model.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
                 and pool is not None and pool.dtype == torch.bfloat16 and isinstance(attn, TorchAttentionBackend)
                 and batch.req_to_token.dtype == torch.int64 and 0 < batch.batch_size <= MAX_ROWS
-                and batch.is_decode and len(batch.logits_indices) == batch.batch_size)
+                and batch.is_decode and len(batch.logits_indices) == batch.batch_size
+                # The kernel writes row i's logits at row i: the indices must be 0..B-1 in order.
+                and bool((batch.logits_indices.cpu() == torch.arange(batch.batch_size)).all()))
 
     def _bind_pool(self, pool: Any, max_context: int) -> None:
         rows = []
