@@ -70,37 +70,62 @@ static bf16 *seg_k(const job_t *J, int s, int g) {
 }
 static bf16 *seg_v(const job_t *J, int s, int g) { return seg_k(J, s, g) + (int64_t)J->seg_pad[s] * J->d; }
 
-/* Chunk c of the pack phase: segment c / nkv, KV head c % nkv. */
+/* dst row p (16 words, 64 bytes apart) = word p of the 16 source rows: a 16 x 16
+ * transpose of 32-bit words (unpack within 128-bit lanes, then regroup the lanes). */
+static void transpose16(const uint32_t *const *src, int col, uint32_t *dst) {
+    __m512i r[16], t[16];
+    for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512(src[j] + col);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + c], lane L: rows 4i..4i+3 of word 4L + c */
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i w0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), w1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+        __m512i w2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), w3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_si512(dst + (0 + c) * 16, _mm512_shuffle_i32x4(w0, w2, 0x88));
+        _mm512_storeu_si512(dst + (4 + c) * 16, _mm512_shuffle_i32x4(w0, w2, 0xDD));
+        _mm512_storeu_si512(dst + (8 + c) * 16, _mm512_shuffle_i32x4(w1, w3, 0x88));
+        _mm512_storeu_si512(dst + (12 + c) * 16, _mm512_shuffle_i32x4(w1, w3, 0xDD));
+    }
+}
+
+/* Chunk c of the pack phase: segment c / nkv, KV head c % nkv. Rows past the segment's
+ * keys are zero, so a zero probability never meets a NaN. */
 static void pack_chunk(void *arg, int c) {
     const job_t *J = arg;
     int s = c / J->nkv, g = c % J->nkv, d = J->d, hp = d / 2;
     int row = s == 0 ? 0 : s - 1, first = s == 0 ? 0 : J->shared;
     int n = s == 0 ? J->shared : J->pre[s - 1] + J->ext[s - 1] - J->shared, npad = J->seg_pad[s];
     const int64_t *slots = J->rows + row * J->rs + first;
+    static const bf16 zeros[128] __attribute__((aligned(64))) = {0};
+    const bf16 *(src[KTILE]);
     uint32_t *kp = (uint32_t *)seg_k(J, s, g);
     bf16 *vp = seg_v(J, s, g);
+    /* K: per tile of 16 keys, [hp][16] words (word = a pair of dims) */
     for (int c0 = 0; c0 < npad; c0 += KTILE) {
-        uint32_t *tile = kp + (int64_t)c0 * hp; /* [hp][KTILE] pairs */
-        for (int j = 0; j < KTILE; j++) {
-            if (c0 + j < n) {
-                const uint32_t *src = (const uint32_t *)(J->kb + (slots[c0 + j] * J->nkv + g) * d);
-                for (int p = 0; p < hp; p++) tile[p * KTILE + j] = src[p];
-            } else {
-                for (int p = 0; p < hp; p++) tile[p * KTILE + j] = 0;
-            }
-        }
+        for (int j = 0; j < KTILE; j++)
+            src[j] = c0 + j < n ? J->kb + (slots[c0 + j] * J->nkv + g) * d : zeros;
+        for (int col = 0; col < hp; col += 16)
+            transpose16((const uint32_t *const *)src, col, kp + (int64_t)c0 * hp + col * KTILE);
     }
-    /* V: pairs of keys interleaved per dimension, [npad / 2][d][2]. Padding is zero so a
-     * zero probability never meets a NaN. */
+    /* V: [npad / 2][d][2], each pair of keys interleaved per dimension */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int c0 = 0; c0 < npad; c0 += 2) {
+        const bf16 *a = c0 < n ? J->vb + (slots[c0] * J->nkv + g) * d : zeros;
+        const bf16 *b = c0 + 1 < n ? J->vb + (slots[c0 + 1] * J->nkv + g) * d : zeros;
         bf16 *dst = vp + (int64_t)c0 * d;
-        for (int h = 0; h < 2; h++) {
-            if (c0 + h < n) {
-                const bf16 *src = J->vb + (slots[c0 + h] * J->nkv + g) * d;
-                for (int i = 0; i < d; i++) dst[2 * i + h] = src[i];
-            } else {
-                for (int i = 0; i < d; i++) dst[2 * i + h] = 0;
-            }
+        for (int i = 0; i < d; i += 32) {
+            __m512i x = _mm512_loadu_si512(a + i), y = _mm512_loadu_si512(b + i);
+            _mm512_storeu_si512(dst + 2 * i, _mm512_permutex2var_epi16(x, lo, y));
+            _mm512_storeu_si512(dst + 2 * i + 32, _mm512_permutex2var_epi16(x, hi, y));
         }
     }
 }
