@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from sgl.runtime.attention.cascade import common_prefix_len
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
-from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.memory.kv_pool import KVPool
+
+from tests.attention_helpers import pool_and_batch
 
 
 def _run(shared: int, own_cached: list[int], extend: list[int], dtype: torch.dtype, cascade: bool,
          kv_heads: int = 3, group: int = 3, d: int = 64, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    pool = KVPool(4096, 1, kv_heads, d, dtype)
-    pool.k_buffers[0].copy_(torch.randn(pool.k_buffers[0].shape, generator=g).to(dtype))
-    pool.v_buffers[0].copy_(torch.randn(pool.v_buffers[0].shape, generator=g).to(dtype))
-    table = torch.zeros((len(extend), 1024), dtype=torch.int64)
-    free = list(range(1, 4096))
-    random.Random(seed).shuffle(free)
-    shared_slots = [free.pop() for _ in range(shared)]
-    rows, prefix_lens, out_loc = [], [], []
-    for i, (c, e) in enumerate(zip(own_cached, extend)):
-        own = [free.pop() for _ in range(c + e)]
-        table[i, : shared + c + e] = torch.tensor(shared_slots + own)
-        rows.append(i)
-        prefix_lens.append(shared + c)
-        out_loc.extend(own[c:])
-    t = sum(extend)
-    fb = ForwardBatch.build([5] * t, out_loc, rows, prefix_lens, extend, table)
-    q = torch.randn((t, kv_heads * group, d), generator=g).to(dtype)
-    k = torch.randn((t, kv_heads, d), generator=g).to(dtype)
-    v = torch.randn((t, kv_heads, d), generator=g).to(dtype)
+    pool, fb, q, k, v = pool_and_batch(shared, own_cached, extend, kv_heads, group, d, dtype, seed)
     backend = TorchAttentionBackend(pool)
     import sgl.runtime.attention.cascade as tb
 

@@ -4,8 +4,6 @@ and 8, head dims 64 and 128, one and two threads."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -15,37 +13,15 @@ from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.memory.kv_pool import KVPool
 
+from tests.attention_helpers import pool_and_batch
+
 pytestmark = pytest.mark.skipif(not cpu_backend.kernel_supported(KVPool(8, 1, 1, 64, torch.bfloat16)),
                                 reason="needs a C compiler and AVX512-BF16")
 
 
 def _case(shared: int, cached: list[int], extend: list[int], kv: int, group: int, d: int, seed: int = 0):
-    """A pool with random K/V, a batch whose requests start with `shared` common slots,
-    then cached[i] own cached slots, then extend[i] new tokens; plus q/k/v for them."""
-    g = torch.Generator().manual_seed(seed)
-    n_slots = 4096
-    pool = KVPool(n_slots, 1, kv, d, torch.bfloat16)
-    pool.k_buffers[0].copy_(torch.randn(pool.k_buffers[0].shape, generator=g))
-    pool.v_buffers[0].copy_(torch.randn(pool.v_buffers[0].shape, generator=g))
-    table = torch.zeros((len(extend) + 2, 1024), dtype=torch.int64)
-    free = list(range(1, n_slots))
-    random.Random(seed).shuffle(free)
-    shared_slots = [free.pop() for _ in range(shared)]
-    rows, prefix, out_loc = [], [], []
-    for i, (c, e) in enumerate(zip(cached, extend)):
-        own = [free.pop() for _ in range(c + e)]
-        row = i + 1  # table rows need not start at 0
-        table[row, : shared + c + e] = torch.tensor(shared_slots + own)
-        rows.append(row)
-        prefix.append(shared + c)
-        out_loc.extend(own[c:])
-    t = sum(extend)
-    fb = ForwardBatch.build([5] * t, out_loc, rows, prefix, extend, table)
     # Scores of a realistic spread (|q.k| * scale up to ~10): softmaxes neither flat nor one-hot.
-    q = (2.0 * torch.randn((t, kv * group, d), generator=g)).bfloat16()
-    k = torch.randn((t, kv, d), generator=g).bfloat16()
-    v = torch.randn((t, kv, d), generator=g).bfloat16()
-    return pool, fb, q, k, v
+    return pool_and_batch(shared, cached, extend, kv, group, d, seed=seed, q_scale=2.0)
 
 
 def _reference(pool: KVPool, fb: ForwardBatch, q: torch.Tensor) -> torch.Tensor:

@@ -37,23 +37,6 @@ static inline __m512 rnd(__m512 v) { /* v rounded through bf16 */
 }
 static inline __mmask16 lanes(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 
-/* exp(x): a degree-6 polynomial on x - t ln2 (relative error ~2e-7, far below bf16's
- * 4e-3), scaled by 2^t. The clamp keeps infinities out of the reduction: exp(-110) is 0
- * in float and 2^144 overflows to inf, as the exact values would. */
-static inline __m512 vexp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-110.f)), _mm512_set1_ps(100.f));
-    __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(t, _mm512_set1_ps(0.69314718f), x);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, t);
-}
 #endif
 
 /* Sum of squares of a bf16 row, added in the order of torch's float sum over a contiguous
@@ -154,7 +137,7 @@ static void silu_mul_row(const bf16 *gu, int n, bf16 *out) {
     for (int k = 0; k < n; k += 16) {
         __mmask16 m = lanes(n - k);
         __m512 g = ld(gu + k, m);
-        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), vexp(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
         st(out + k, _mm512_mul_ps(rnd(s), ld(u + k, m)), m);
     }
 #else

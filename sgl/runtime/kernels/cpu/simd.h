@@ -28,10 +28,11 @@ static inline bf16 f2bf(float f) { /* round to nearest even, NaN kept quiet */
 static inline float rf(float f) { return bf2f(f2bf(f)); } /* value rounded through bf16 */
 
 #ifdef SGL_BF16_SIMD
-/* exp(x) for x <= 0 (clamped at -87): a degree-6 polynomial on the reduced argument,
- * relative error ~2e-7, far below bf16's 4e-3. */
+/* exp(x): a degree-6 polynomial on x - t ln2 (relative error ~2e-7, far below bf16's
+ * 4e-3), scaled by 2^t. The clamp keeps infinities out of the reduction: exp(-110) is 0
+ * in float and 2^144 overflows to inf, as the exact values would. */
 static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-110.f)), _mm512_set1_ps(100.f));
     __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_fnmadd_ps(t, _mm512_set1_ps(0.69314718f), x); /* x - t ln2, in [-ln2/2, ln2/2] */
