@@ -1,10 +1,12 @@
 """C kernels for the CPU path, compiled on first use with the system C compiler.
 
-`load()` builds every `.c` file here (decode step, attention, fused ops, team.c) into
-one library with `-O3 -march=native` in `$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl), keyed by a hash of the source, the
-compiler and the CPU's flags, and returns the ctypes library, or None (with one
-warning) where no compiler is present or the build fails; callers then keep the torch
-path. The build takes about a second; later processes reuse the cached library.
+`load()` builds every `.c` file here (decode step, attention, fused ops, team.c) into one
+library with `-O3 -march=native` in `$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl),
+keyed by a hash of the sources, the compiler and the CPU's flags, and returns the ctypes
+library, or None (with one warning) where no compiler is present or the build fails;
+callers then keep the torch path. The build takes a few seconds; later processes reuse
+the cached library. The decode step's functions are declared here, the attention and
+fused-op functions by the modules that call them (cpu_backend.py, cpu_ops.py).
 """
 
 from __future__ import annotations
