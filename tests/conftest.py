@@ -24,3 +24,18 @@ def engine():
     eng = Engine(max_total_tokens=32768)
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """Tokenizer info of the embedded model's GGUF, for the grammar tests."""
+    from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info
+    from tests.grammar_helpers import GGUF
+
+    return cached_gguf_tokenizer_info(GGUF)
+
+
+@pytest.fixture
+def no_grammar_disk_cache(monkeypatch):
+    """Compile grammars afresh: the on-disk cache could serve tables of an older converter."""
+    monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")

@@ -14,15 +14,10 @@ from sgl.runtime.constrained import registry
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.masks import allocate_masks, apply_masks, fill_masks
 from sgl.runtime.constrained.registry import GrammarCompiler, compile_grammar, compile_tables
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
+from sgl.runtime.constrained.vocab import greedy_encode
 from tests.grammar_helpers import GGUF
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
 
 
 def test_memory_cache_hit_shares_tables_and_masks(tok, monkeypatch, tmp_path):

@@ -6,7 +6,6 @@ import json
 import random
 
 import lark
-import numpy as np
 import pytest
 import torch
 
@@ -14,8 +13,7 @@ from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.gbnf import gbnf_to_lark
 from sgl.runtime.constrained.matcher import GrammarMatcher
 from sgl.runtime.constrained.registry import compile_grammar
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
-from tests.grammar_helpers import GGUF
+from sgl.runtime.constrained.vocab import greedy_encode
 
 
 LARK_JSON = r"""
@@ -57,11 +55,6 @@ GOOD_JSON = ['{"name": "Bob", "tags": ["a", "b"], "age": 42}',
              '[1, -2.5e3, true, false, null, {"x": {}}]',
              '{ "s" : "esc \\" \\u00e9 caf\u00e9 \U0001F600" }']
 BAD_JSON = ['{"a" 1}', '[1,,2]', '{"a": tru}', "{'a': 1}", '[1 2]']
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
 
 
 def drive(tok, kind, spec, text):

@@ -21,20 +21,14 @@ from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.dfa_build import build_byte_dfa
 from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex, LazyRegexGrammar
 from sgl.runtime.constrained.pushdown import CompiledPushdown
-from sgl.runtime.constrained.regex_grammar import CompiledRegex, build_index, json_schema_to_regex
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
-from tests.grammar_helpers import GGUF
+from sgl.runtime.constrained.regex_grammar import CompiledRegex, build_index
+from sgl.runtime.constrained.vocab import greedy_encode
 
 MASKBENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "maskbench"
 
 IPV4 = r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"
 DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 PERSON = r'\{"name":"[^"\\]{1,12}","age":(0|[1-9][0-9]{0,2}),"tags":\[("[a-z]+"(,"[a-z]+")*)?\]\}'
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
 
 
 @pytest.fixture(scope="module")

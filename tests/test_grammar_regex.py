@@ -11,19 +11,13 @@ import torch
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.matcher import GrammarMatcher
 from sgl.runtime.constrained.registry import compile_grammar
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
-from tests.grammar_helpers import GGUF
+from sgl.runtime.constrained.vocab import greedy_encode
 
 
 # [0-9], not \d: outlines-core (Rust regex) reads \d as any Unicode digit.
 IPV4 = r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"
 DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
 
 
 def drive(tok, kind, spec, text):

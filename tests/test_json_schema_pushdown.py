@@ -18,8 +18,10 @@ import pytest
 from sgl.runtime.constrained.json_schema import canonical_json, schema_to_machines, schema_to_regex
 from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex
 from sgl.runtime.constrained.pushdown import CompiledPushdown
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
-from tests.grammar_helpers import GGUF, accepts_text, compiled
+from sgl.runtime.constrained.vocab import greedy_encode
+from tests.grammar_helpers import accepts_text, compiled
+
+pytestmark = pytest.mark.usefixtures("no_grammar_disk_cache")
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -34,16 +36,6 @@ CHAIN = {"$ref": "#/definitions/n", "definitions": {"n": {
     "type": "object", "properties": {"kids": {"type": "array", "maxItems": 1,
                                               "items": {"$ref": "#/definitions/n"}}},
     "required": ["kids"], "additionalProperties": False}}}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
-
-
-@pytest.fixture(autouse=True)
-def _no_disk_cache(monkeypatch):
-    monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")
 
 
 def brute_mask(c: CompiledPushdown, config, tok) -> set[int]:

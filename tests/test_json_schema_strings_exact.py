@@ -16,20 +16,12 @@ import torch
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.json_schema import UnsupportedSchemaError, schema_to_regex
 from sgl.runtime.constrained.pushdown import CompiledPushdown
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
-from tests.grammar_helpers import GGUF, compiled
+from sgl.runtime.constrained.vocab import greedy_encode
+from tests.grammar_helpers import compiled
+
+pytestmark = pytest.mark.usefixtures("no_grammar_disk_cache")
 
 _FMT = jsonschema.FormatChecker()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
-
-
-@pytest.fixture(autouse=True)
-def _no_disk_cache(monkeypatch):
-    monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")
 
 
 def accepts(c, tok, value, mask_steps: int = 8) -> bool:

@@ -20,14 +20,8 @@ from sgl.runtime.constrained.json_schema._regex import call_marker
 from sgl.runtime.constrained.json_schema.machines import Intersect, Machines, MachineSpec
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.pushdown_build import build_tables
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info
-from tests.grammar_helpers import GGUF, accepts_text
+from tests.grammar_helpers import accepts_text
 
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
 
 
 def dfa_accepts(dfa, text: str) -> bool:

@@ -15,8 +15,7 @@ from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.json_schema import schema_to_machines
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.pushdown_build import build_tables
-from sgl.runtime.constrained.vocab import cached_gguf_tokenizer_info, greedy_encode
-from tests.grammar_helpers import GGUF
+from sgl.runtime.constrained.vocab import greedy_encode
 
 
 # 12 sub-objects of 24 optional members each: too large for one regex, so members
@@ -31,11 +30,6 @@ BIG = {"type": "object", "additionalProperties": False,
        "$defs": {"t": {"type": "object", "additionalProperties": False,
                        "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}}}
 TEXT = '{"part3":{"f3_01":"x","f3_20":7},"part7":{"f7_00":1},"tree":{"kids":[{}]}}'
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return cached_gguf_tokenizer_info(GGUF)
 
 
 def tables(schema, lazy):
