@@ -142,3 +142,13 @@ def test_real_model_prefill_is_as_close_to_float32_as_torch() -> None:
     for r in range(ours.shape[0]):
         pick = int(ours[r].argmax())
         assert exact[r, pick] >= exact[r].max() - tol
+
+
+def test_registry_picks_the_kernel_on_cpu_where_it_applies() -> None:
+    from sgl.runtime.attention.registry import create_attention_backend
+
+    bf16, fp32 = KVPool(64, 1, 2, 64, torch.bfloat16), KVPool(64, 1, 2, 64, torch.float32)
+    assert type(create_attention_backend("auto", bf16)) is CpuAttentionBackend
+    assert type(create_attention_backend(None, fp32)) is TorchAttentionBackend
+    assert type(create_attention_backend("cpu", fp32)) is TorchAttentionBackend  # with a warning
+    assert type(create_attention_backend("torch", bf16)) is TorchAttentionBackend

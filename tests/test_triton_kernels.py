@@ -243,7 +243,7 @@ def test_registry_picks_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(create_attention_backend(None, cpu_pool, "cpu"), TorchAttentionBackend)
     assert isinstance(create_attention_backend("torch", cpu_pool), TorchAttentionBackend)
     assert resolve_backend_name(None, "cuda") == "triton"
-    assert resolve_backend_name("auto", "cpu") == "torch"
+    assert resolve_backend_name("auto", "cpu") == "cpu"
     with pytest.raises(ValueError, match="unknown attention backend"):
         create_attention_backend("flashinfer", cpu_pool)
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -74,10 +74,20 @@ class EngineConfig:
         return EngineConfig(**env).resolved()
 
 
+_TRUE = ("1", "true", "yes", "on")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A boolean SGL_* switch read at use time: 1/true/yes/on are true, other values
+    false, unset or empty is `default`."""
+    raw = os.environ.get(name, "")
+    return default if raw == "" else raw.lower() in _TRUE
+
+
 def _parse(f: dataclasses.Field, raw: str) -> Any:
     t = str(f.type)
     if "bool" in t:
-        return raw.lower() in ("1", "true", "yes", "on")
+        return raw.lower() in _TRUE
     if "int" in t:
         return int(raw)
     if "float" in t:

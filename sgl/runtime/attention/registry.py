@@ -1,9 +1,10 @@
 """Pick an attention backend by name, importing only the one chosen.
 
-"auto" (or None) means Triton when the pool lives on a CUDA device; on the CPU it means
-"cpu" (the C attention kernel) where that kernel serves the pool (bf16, head_dim 64/128,
-AVX512-BF16, a C compiler) and "torch" otherwise, so the CPU path never imports Triton. Naming "triton" without a GPU is allowed only
-under TRITON_INTERPRET=1 (the kernels' CPU correctness mode).
+"auto" (or None) means "triton" when the pool lives on a CUDA device and "cpu" otherwise,
+so the CPU path never imports Triton. "cpu" is the C attention kernel where it serves the
+pool (bf16, head_dim 64/128, AVX512-BF16, a C compiler) and the torch backend elsewhere
+(with a warning only when "cpu" was asked for by name). Naming "triton" without a GPU is
+allowed only under TRITON_INTERPRET=1 (the kernels' CPU correctness mode).
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ BACKEND_NAMES = ("auto", "cpu", "torch", "triton")
 
 
 def resolve_backend_name(name: str | None, device: torch.device | str | None = None) -> str:
-    """'torch' or 'triton' for a requested name ('auto'/None decides by the device; the
-    engine then upgrades 'torch' to 'cpu' where the C kernel applies)."""
+    """'cpu', 'torch' or 'triton' for a requested name ('auto'/None decides by the device)."""
     if name is None or name == "auto":
         if device is None:
-            return "triton" if torch.cuda.is_available() else "torch"
-        return "triton" if torch.device(device).type == "cuda" else "torch"
+            return "triton" if torch.cuda.is_available() else "cpu"
+        return "triton" if torch.device(device).type == "cuda" else "cpu"
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
     return name
@@ -40,12 +40,12 @@ def create_attention_backend(
     if device is None and pool.k_buffers:
         device = pool.k_buffers[0].device
     resolved = resolve_backend_name(name, device)
-    if resolved == "torch" and name in (None, "auto") or resolved == "cpu":
+    if resolved == "cpu":
         from sgl.runtime.attention import cpu_backend
 
         if cpu_backend.kernel_supported(pool):
             return cpu_backend.CpuAttentionBackend(pool)
-        if resolved == "cpu":
+        if name == "cpu":
             log.warning("the C attention kernel does not serve this pool (needs bf16, head_dim 64/128, "
                         "AVX512-BF16 and a C compiler): using the torch backend")
         resolved = "torch"
@@ -56,7 +56,7 @@ def create_attention_backend(
     on_cuda = device is not None and torch.device(device).type == "cuda"
     if not on_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise ValueError(
-            "the triton attention backend needs the KV pool on a CUDA GPU; use 'torch' on the CPU "
+            "the triton attention backend needs the KV pool on a CUDA GPU; use 'cpu' or 'torch' on the CPU "
             "(or set TRITON_INTERPRET=1 to run the kernels in Triton's slow CPU interpreter)"
         )
     from sgl.runtime.attention.triton_backend import TritonAttentionBackend

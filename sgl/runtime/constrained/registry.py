@@ -25,6 +25,7 @@ import os
 import threading
 from typing import Any
 
+from ..config import env_flag
 from .base import Grammar, GrammarError
 from .cache import DiskCache, LRUCache, cache_key
 from .vocab import TokenizerInfo
@@ -36,7 +37,7 @@ _memory = LRUCache(int(os.environ.get("SGL_GRAMMAR_CACHE_ENTRIES", "256")))
 
 
 def _disk() -> DiskCache | None:
-    if os.environ.get("SGL_GRAMMAR_DISK_CACHE", "1") in ("0", "false", "no"):
+    if not env_flag("SGL_GRAMMAR_DISK_CACHE", default=True):
         return None
     return DiskCache()
 
@@ -191,7 +192,7 @@ def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCach
         return dfa
 
     # Sub-machines are built on first use unless SGL_PUSHDOWN_LAZY=0 (all at compile).
-    lazy = os.environ.get("SGL_PUSHDOWN_LAZY", "1") not in ("0", "false", "no")
+    lazy = env_flag("SGL_PUSHDOWN_LAZY", default=True)
     tables = build_tables(machines.root, machines.subs, build, kind, build_intersect, lazy)
     return CompiledPushdown(tables, tok, kind)
 

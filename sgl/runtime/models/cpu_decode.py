@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
+from sgl.runtime.config import env_flag
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.kernels import cpu as cpu_kernels
 
@@ -57,7 +58,7 @@ def enabled(model: "LlamaForCausalLM") -> bool:
     opts = getattr(model, "_cpu_decode_opts", None)
     if opts:
         return opts[0]
-    return os.environ.get("SGL_DISABLE_CPU_DECODE_KERNEL", "0").lower() in ("", "0", "false", "no")
+    return not env_flag("SGL_DISABLE_CPU_DECODE_KERNEL")
 
 
 def _ptr(t: torch.Tensor | None) -> int:

@@ -14,11 +14,11 @@ expression itself where they do not, so callers may use them unconditionally.
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 import torch.nn.functional as F
 
+from sgl.runtime.config import env_flag
 from sgl.runtime.kernels import cpu as cpu_kernels
 
 _lib: ctypes.CDLL | None | bool = False  # False: not looked up yet
@@ -49,7 +49,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def enabled() -> bool:
-    return os.environ.get("SGL_DISABLE_CPU_OPS", "0").lower() in ("", "0", "false", "no")
+    return not env_flag("SGL_DISABLE_CPU_OPS")
 
 
 def applies(x: torch.Tensor) -> bool:
