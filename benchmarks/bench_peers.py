@@ -41,7 +41,7 @@ from bench_engine import FEWSHOT, shared_prefix_prompts  # noqa: E402
 from common import measure_bandwidth_gbs, measure_bf16_tflops, print_table, timed, write_json  # noqa: E402
 
 from sgl.runtime.engine import Engine  # noqa: E402
-from sgl.runtime.models import cpu_decode  # noqa: E402
+from sgl.runtime.kernels.cpu.decode import CpuDecoder  # noqa: E402
 
 PEERS_DIR = HERE / ".peers"
 PEER_VENVS = {"llamacpp": ("llamacpp-venv", "llama_cpp"), "vllm": ("vllm-venv", "vllm")}
@@ -198,7 +198,9 @@ def main() -> None:
     if "sgl" in chosen:
         results["sgl"] = run_sgl(eng, job)
     if "sgl-1t" in chosen:  # the same engine with the decode kernel on one thread
-        cpu_decode.configure(model, True, 1)
+        runner = eng.scheduler.runner
+        if runner.cpu_decoder is not None:
+            runner.cpu_decoder = CpuDecoder.create(model, 1)
         results["sgl-1t"] = run_sgl(eng, job)
     hf_dir = eng.hf_dir
     eng.shutdown()

@@ -62,7 +62,7 @@ def label_c_kernels() -> None:
     object only, no code change), so their time is not lumped into "Python between ops"."""
     from sgl.runtime.attention import cpu_backend
     from sgl.runtime.kernels import cpu as cpu_kernels
-    from sgl.runtime.models import cpu_ops
+    from sgl.runtime.kernels.cpu import ops as cpu_ops
 
     lib = cpu_kernels.load()
     if lib is None:

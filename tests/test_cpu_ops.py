@@ -1,4 +1,4 @@
-"""The fused CPU ops (kernels/cpu/ops.c via models/cpu_ops.py) against the torch
+"""The fused CPU ops (kernels/cpu/ops.c via kernels/cpu/ops.py) against the torch
 expressions they replace, and the bf16 model forward with them against the plain torch ops.
 
 Op level, on random bf16 inputs with odd row counts and hidden sizes 64 / 72 / 576 (and
@@ -23,7 +23,7 @@ from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.kernels import cpu as cpu_kernels
 from sgl.runtime.memory.kv_pool import KVPool
-from sgl.runtime.models import cpu_ops
+from sgl.runtime.kernels.cpu import ops as cpu_ops
 from sgl.runtime.models.llama import tiny_config, tiny_random_model
 from sgl.runtime.models.loader import load_model
 

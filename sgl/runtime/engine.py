@@ -3,16 +3,22 @@
 `Engine(...)` loads the model, sizes the KV pool, and starts the scheduler thread.
 `generate` / `async_generate` tokenize, submit plain requests, and collect
 `{"text", "output_ids", "meta_info"}` results (streams yield cumulative text). Closing a
-stream early aborts its request, which frees its KV.
+stream early aborts its request, which frees its KV. If the scheduler thread dies, every
+caller waiting on it gets `SchedulerCrashedError` naming the cause (waits poll the
+thread, so even a death that notifies nobody cannot hang a caller), and so does every
+later call; `faulthandler` is on, so a fatal signal in native code leaves every
+thread's stack on stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import queue
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -25,6 +31,17 @@ from sgl.runtime.scheduler.req import Req, ReqOutput
 log = logging.getLogger("sgl.engine")
 
 KV_TOKENS_CAP = 131072
+# How often a waiting caller checks that the scheduler thread is still alive.
+LIVENESS_POLL_S = 0.5
+# Slack rows in the request->token table beyond max_running_requests: a request keeps its
+# row from admission to finish, and requests being admitted or finishing in the same step
+# briefly hold rows past the running limit.
+REQ_TABLE_SLACK = 8
+
+
+class SchedulerCrashedError(RuntimeError):
+    """The engine's scheduler thread died; the message names the cause. The engine is
+    unusable afterwards: create a new one (the server reports 5xx and /health fails)."""
 
 
 class Engine:
@@ -36,16 +53,19 @@ class Engine:
         from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
         from sgl.runtime.memory.kv_pool import KVPool
         from sgl.runtime.models.loader import load_model
-        from sgl.runtime.models import cpu_decode
         from sgl.runtime.scheduler.kv_cache import KVCache
         from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
+        if not faulthandler.is_enabled():  # a fatal signal in a kernel leaves the stacks in the log
+            faulthandler.enable(all_threads=True)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
+        # Set once per process, and once in the scheduler thread before its first step
+        # (see _run_scheduler); nothing changes it between steps.
+        self._num_threads = torch.get_num_threads()
         device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = device
         loaded = load_model(cfg.model_path, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir)
-        cpu_decode.configure(loaded.model, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
@@ -67,7 +87,7 @@ class Engine:
         pool = KVPool(num_tokens + 1, mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, device)
         attn = create_attention_backend(cfg.attention_backend, pool, device)
         kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(num_tokens + 1),
-                     ReqToTokenPool(cfg.max_running_requests + 8, self.context_length, device))
+                     ReqToTokenPool(cfg.max_running_requests + REQ_TABLE_SLACK, self.context_length, device))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 schedule_policy=cfg.schedule_policy,
@@ -79,13 +99,62 @@ class Engine:
                 random_seed=cfg.random_seed,
                 grammar_compile_timeout=cfg.grammar_compile_timeout,
             ),
-            ModelRunner(loaded.model, attn), kv, self.tokenizer, self.eos_token_ids,
+            ModelRunner(loaded.model, attn, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads),
+            kv, self.tokenizer, self.eos_token_ids,
             grammar_compiler=_LazyGrammarCompiler(self), device=device,
         )
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.scheduler.run_forever, args=(self._stop,),
-                                        name="sgl-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._run_scheduler, name="sgl-scheduler", daemon=True)
         self._thread.start()
+
+    def _run_scheduler(self) -> None:
+        # A new thread starts with OpenMP's default team size, not the caller's: set it
+        # here, once, before the first oneDNN primitive is built on this thread.
+        torch.set_num_threads(self._num_threads)
+        self.scheduler.run_forever(self._stop)
+
+    # -- liveness -----------------------------------------------------------------------
+    def _raise_if_dead(self) -> None:
+        reason = self.scheduler.crash_reason
+        if reason is None and not self._thread.is_alive() and not self._stop.is_set():
+            reason = "the scheduler thread exited"
+        if reason is not None:
+            raise SchedulerCrashedError(f"the engine's scheduler crashed ({reason}); create a new Engine")
+
+    def _get(self, q: "queue.Queue[ReqOutput]") -> ReqOutput:
+        while True:
+            try:
+                out = q.get(timeout=LIVENESS_POLL_S)
+            except queue.Empty:
+                self._raise_if_dead()
+                continue
+            if _is_abort(out):  # a crash finishes every request with an abort first
+                self._raise_if_dead()
+            return out
+
+    async def _await(self, aw: Any) -> Any:
+        task = asyncio.ensure_future(aw)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LIVENESS_POLL_S)
+                if done:
+                    return task.result()
+                self._raise_if_dead()
+        finally:
+            task.cancel()
+
+    def _call(self, fn: Any, timeout: float | None = None) -> Any:
+        """Run fn in the scheduler thread and return its result; raise if the thread dies."""
+        fut = self.scheduler.call(fn)
+        waited = 0.0
+        while True:
+            try:
+                return fut.result(timeout=LIVENESS_POLL_S)
+            except FutureTimeout:
+                self._raise_if_dead()
+                waited += LIVENESS_POLL_S
+                if timeout is not None and waited >= timeout:
+                    raise TimeoutError(f"the scheduler did not answer within {timeout:.0f}s") from None
 
     # -- generation -------------------------------------------------------------------
     def _specs(self, prompt: Any, input_ids: Any, sampling_params: Any, return_logprob: Any,
@@ -93,6 +162,7 @@ class Engine:
                rid: Any) -> tuple[list[ReqSpec], bool]:
         if self._stop.is_set():
             raise RuntimeError("this engine was shut down; create a new Engine")
+        self._raise_if_dead()
         specs, is_batch = normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
                                     logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
                                     self.vocab_size, self.context_length)
@@ -128,7 +198,7 @@ class Engine:
             self._submit(s, q.put, stream=False)
         done: dict[str, ReqOutput] = {}
         while len(done) < len(specs):
-            out = q.get()
+            out = self._get(q)
             done[out.rid] = out
         results = [to_result(self.tokenizer, s, done[s.rid]) for s in specs]
         return results if is_batch else results[0]
@@ -139,7 +209,7 @@ class Engine:
         finished = False
         try:
             while not finished:
-                out = q.get()
+                out = self._get(q)
                 finished = out.finished
                 yield to_result(self.tokenizer, spec, out)
         finally:
@@ -165,11 +235,13 @@ class Engine:
             futs.append(fut)
             self._submit(s, lambda out, fut=fut: loop.call_soon_threadsafe(_set_once, fut, out), stream=False)
         try:
-            outs = await asyncio.gather(*futs)
+            outs = await self._await(asyncio.gather(*futs))
         except asyncio.CancelledError:  # the caller went away: free what its requests hold
             for s in specs:
                 self.abort(s.rid)
             raise
+        if any(_is_abort(o) for o in outs):
+            self._raise_if_dead()
         results = [to_result(self.tokenizer, s, o) for s, o in zip(specs, outs)]
         return results if is_batch else results[0]
 
@@ -180,7 +252,9 @@ class Engine:
         finished = False
         try:
             while not finished:
-                out = await q.get()
+                out = await self._await(q.get())
+                if _is_abort(out):
+                    self._raise_if_dead()
                 finished = out.finished
                 yield to_result(self.tokenizer, spec, out)
         finally:
@@ -192,10 +266,10 @@ class Engine:
         self.scheduler.abort(rid)
 
     def flush_cache(self) -> bool:
-        return bool(self.scheduler.call(self.scheduler.kv.flush).result())
+        return bool(self._call(self.scheduler.kv.flush))
 
     def get_server_info(self) -> dict[str, Any]:
-        info = self.scheduler.call(self.scheduler.snapshot).result()
+        info = self._call(self.scheduler.snapshot)
         info.update({
             "model_path": self.model_path, "dtype": str(self.dtype).replace("torch.", ""),
             "context_length": self.context_length, "device": self.device,
@@ -206,7 +280,7 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Prove (in the scheduler thread) that no KV slot is leaked or double-owned."""
-        self.scheduler.call(self.scheduler.check_invariants).result()
+        self._call(self.scheduler.check_invariants)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
@@ -219,7 +293,9 @@ class Engine:
         if self._stop.is_set():
             return
         try:  # callers still waiting get an abort result instead of hanging
-            self.scheduler.call(lambda: self.scheduler.abort_all("the engine was shut down")).result(timeout=30)
+            self._call(lambda: self.scheduler.abort_all("the engine was shut down"), timeout=30)
+        except SchedulerCrashedError:
+            pass  # its callers were told when it died
         except Exception:  # a wedged loop must not block shutdown
             log.exception("could not abort in-flight requests at shutdown")
         self._stop.set()
@@ -236,6 +312,11 @@ class Engine:
             self._stop.set()
         except Exception:
             pass
+
+
+def _is_abort(out: ReqOutput) -> bool:
+    fr = out.meta_info.get("finish_reason")
+    return out.finished and isinstance(fr, dict) and fr.get("type") == "abort"
 
 
 def _set_once(fut: asyncio.Future, value: Any) -> None:

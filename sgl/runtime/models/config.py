@@ -5,11 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-_SUPPORTED_ARCHS = {
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-}
+from sgl.runtime.models.registry import MODELS
 
 
 @dataclass(frozen=True)
@@ -39,8 +35,8 @@ class ModelConfig:
         """Build from a Hugging Face config.json dict (Llama / SmolLM / Qwen2 / Mistral)."""
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
-        if arch not in _SUPPORTED_ARCHS:
-            raise ValueError(f"architecture {arch!r} is not supported; supported: {sorted(_SUPPORTED_ARCHS)}")
+        if arch not in MODELS:
+            raise ValueError(f"architecture {arch!r} is not supported; supported: {sorted(MODELS)}")
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias=True is not supported")
         if cfg.get("use_sliding_window") or (

@@ -6,10 +6,10 @@ several times faster than fp32), RoPE uses a precomputed cos/sin table indexed b
 `batch.positions`, and attention (with the KV pool) is delegated to the backend. Only
 the rows in `batch.logits_indices` go through the final norm and the vocab projection.
 Weights are loaded from Hugging Face tensor names with `load_weights`. Small bf16
-decode batches on the CPU run as one C call (cpu_decode.py); other one-token steps run
-on one CPU thread. Other bf16 CPU steps (prefill, wide batches) run the elementwise ops
-between the matmuls as fused C passes (cpu_ops.py: residual add + RMSNorm, RoPE in place,
-SiLU*up); fp32 and other devices keep the plain torch ops.
+decode batches on the CPU run as one C call instead of this forward (the model runner
+chooses, kernels/cpu/decode.py). Other bf16 CPU steps run the elementwise ops between
+the matmuls as fused C passes (kernels/cpu/ops.py: residual add + RMSNorm, RoPE in
+place, SiLU*up); fp32 and other devices keep the plain torch ops.
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
-from sgl.runtime.models import cpu_decode, cpu_ops
-from sgl.runtime.models.cpu_linear import linear, pack_weight
-
-# Steps with at most this many tokens run on one CPU thread: a few-row step is bound by
-# streaming the weights, which one core does as fast as two here, and the ~700 small ops
-# per step pay OpenMP fork/join costs on two (batch-1 decode, 2 cores: 33 -> 31 ms).
-SINGLE_THREAD_MAX_TOKENS = 1
+from sgl.runtime.kernels.cpu import ops as cpu_ops
+from sgl.runtime.kernels.cpu.linear import PackedWeight, linear, pack_weight
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -86,12 +81,13 @@ class DecoderLayer(nn.Module):
         self.o_bias = _param(c.hidden_size, dtype=dtype) if c.o_proj_bias else None
         self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
         self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
-        self.packed: dict[str, torch.Tensor | None] = {}
+        self.packed: dict[str, PackedWeight | None] = {}
 
-    def prepack(self) -> None:
-        """Pack the projection weights for fast small-batch matmuls (see cpu_linear)."""
+    def prepack(self, verified: dict[tuple, int]) -> None:
+        """Pack the projection weights for fast small-batch matmuls (see kernels/cpu/linear.py)."""
+        biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias}
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
-            self.packed[name] = pack_weight(getattr(self, name))
+            self.packed[name] = pack_weight(getattr(self, name), biases.get(name), verified)
 
     def forward(
         self,
@@ -151,31 +147,18 @@ class LlamaForCausalLM(nn.Module):
         # Cached in the model dtype: HF also casts cos/sin to the activation dtype.
         self.register_buffer("rope_cos", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("rope_sin", freqs.sin().to(dtype), persistent=False)
-        self.packed_head: torch.Tensor | None = None
+        self.packed_head: PackedWeight | None = None
 
     def prepack(self) -> None:
-        """Pack weights for fast decode on the CPU; call after the weights are loaded."""
+        """Pack weights for fast small batches on the CPU; call after the weights are loaded."""
+        verified: dict[tuple, int] = {}  # one check per weight shape (see kernels/cpu/linear.py)
         for layer in self.layers:
-            layer.prepack()
-        self.packed_head = pack_weight(self.embed_tokens if self.lm_head is None else self.lm_head)
+            layer.prepack(verified)
+        self.packed_head = pack_weight(self.embed_tokens if self.lm_head is None else self.lm_head, None, verified)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Float32 logits `[len(batch.logits_indices), vocab]`."""
-        if cpu_decode.CpuDecoder.supports(self, attn, batch):
-            dec = cpu_decode.decoder_for(self)
-            if dec is not None:
-                return dec.forward(batch, attn.pool)
-        threads = torch.get_num_threads()
-        if threads == 1 or batch.num_tokens > SINGLE_THREAD_MAX_TOKENS or batch.input_ids.device.type != "cpu":
-            return self._forward(batch, attn)
-        torch.set_num_threads(1)
-        try:
-            return self._forward(batch, attn)
-        finally:
-            torch.set_num_threads(threads)
-
-    def _forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         attn.init_forward(batch)
         x = F.embedding(batch.input_ids, self.embed_tokens)
         if cpu_ops.applies(x):
@@ -192,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
         return linear(x, head, self.packed_head).float()
 
     def _forward_fused(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """`_forward` on bf16 CPU tensors with the fused ops (same rounding, see cpu_ops)."""
+        """`forward` on bf16 CPU tensors with the fused ops (same rounding, see kernels/cpu/ops.py)."""
         rope = (batch.positions, self.rope_cos, self.rope_sin)
         ln = self.layers[0].input_layernorm
         xn = cpu_ops.rmsnorm(x, ln.weight, ln.eps)

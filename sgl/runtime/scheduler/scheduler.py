@@ -60,6 +60,12 @@ class Scheduler:
         self.running: list[Req] = []
         self.new_token_ratio = 0.5
         self._seed_counter = 0
+        # Set when the loop itself dies (see run_forever); callers read it to raise.
+        self.crash_reason: str | None = None
+        # Fault injection for tests: called with "loop" at the top of each iteration
+        # (outside the per-step recovery: raising there kills the loop) and "step" just
+        # before each step (a failed step: the requests it held are aborted, the loop lives).
+        self.fault_hook: Callable[[str], None] | None = None
         self.stats: dict[str, float] = {
             "num_requests_total": 0, "num_finished_total": 0, "num_aborted_total": 0,
             "prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
@@ -84,14 +90,47 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running or self.grammar_wait)
 
     def run_forever(self, stop: threading.Event) -> None:
-        while not stop.is_set():
+        try:
+            while not stop.is_set():
+                if self.fault_hook is not None:
+                    self.fault_hook("loop")
+                try:
+                    if self.fault_hook is not None:
+                        self.fault_hook("step")
+                    if not self.step():
+                        self._drain_inbox(timeout=0.02)
+                except Exception:  # never let one bad batch kill the loop
+                    log.exception("scheduler step failed; aborting the requests it held")
+                    for r in self.prefilling + self.running:
+                        self._finish(r, {"type": "abort", "message": "internal error while running the model"})
+        except BaseException as e:  # the loop itself died: nobody may wait on it forever
+            self._fail_everything(e)
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        """Record why the loop died and finish every request it knew of with an abort
+        (the engine turns those into SchedulerCrashedError). Best effort per request:
+        the state that killed the loop may also break freeing a request's KV."""
+        self.crash_reason = f"{type(exc).__name__}: {exc}"
+        log.critical("the scheduler loop died (%s); failing every request", self.crash_reason, exc_info=exc)
+        message = f"the scheduler crashed: {self.crash_reason}"
+        live = self.grammar_wait + self.waiting + self.prefilling + self.running
+        while True:  # requests and calls not yet taken from the inbox
             try:
-                if not self.step():
-                    self._drain_inbox(timeout=0.02)
-            except Exception:  # never let one bad batch kill the loop
-                log.exception("scheduler step failed; aborting the requests it held")
-                for r in self.prefilling + self.running:
-                    self._finish(r, {"type": "abort", "message": "internal error while running the model"})
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if msg[0] == "req":
+                live.append(msg[1])
+            elif msg[0] == "call":
+                msg[2].set_exception(RuntimeError(message))
+        for r in live:
+            try:
+                self._finish(r, {"type": "abort", "message": message})
+            except Exception:
+                log.exception("could not free request %s after the crash", r.rid)
+                if r.on_output is not None:
+                    r.finish_reason = {"type": "abort", "message": message}
+                    r.on_output(self.out.make_output(r))
 
     def step(self) -> bool:
         """One iteration; False when there was nothing to run."""

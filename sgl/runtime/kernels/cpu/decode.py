@@ -1,29 +1,22 @@
-"""Decode steps of a bf16 Llama model through the C kernel (kernels/cpu/decode.c).
+"""Decode steps of a bf16 Llama-family model through the C kernel (decode.c).
 
 For a pure decode batch of at most `MAX_ROWS` requests on the CPU, the whole forward is
 one C call that reads the weights and the KV pool in place (through a table of their
 addresses) and writes float32 logits: the ~700 torch ops of an eager step cost more than
-the weight streaming they wrap at batch 1. Anything else (prefill, larger batches, fp32,
-another attention backend, no C compiler) keeps the torch path. The engine options
-`disable_cpu_decode_kernel` and `cpu_decode_threads` (2 splits the products over two
-threads, team.c) reach here as the same-named SGL_* variables or through `configure`.
+the weight streaming they wrap at batch 1. The model runner (executor/model_runner.py)
+decides when to use it; anything else keeps the model's torch forward. `threads` 2
+splits the products over the caller and team.c's helper thread.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from sgl.runtime.attention.torch_backend import TorchAttentionBackend
-from sgl.runtime.config import env_flag
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.kernels import cpu as cpu_kernels
-
-if TYPE_CHECKING:
-    from sgl.runtime.models.llama import LlamaForCausalLM
 
 # Batch sizes up to this stream the weights once for all rows (batch 8 with two threads:
 # 24 ms per step vs 31 for torch); past it the arithmetic outgrows the streaming and
@@ -32,33 +25,13 @@ MAX_ROWS = 8
 _FIELDS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gu", "down", "k", "v")
 
 
-def configure(model: "LlamaForCausalLM", enabled: bool, threads: int | None) -> None:
-    """Engine settings for this model (otherwise the SGL_* variables decide). Builds the
-    kernel now where it will be used, so the first request does not wait for the compiler."""
-    model._cpu_decode_opts = (enabled, threads)
-    if enabled and model.dtype == torch.bfloat16 and model.embed_tokens.device.type == "cpu":
-        decoder_for(model)
-
-
-def threads(model: "LlamaForCausalLM") -> int:
-    """Threads for the weight streaming: 1 or 2 (default: 2 when torch has 2+ threads).
+def default_threads() -> int:
+    """1 or 2: two when torch has two or more threads.
 
     Two read ~25-30 GB/s where one reads ~16-22 (batch-1 step ~10 vs ~14 ms measured
     side by side), but the helper spins during a step, which costs more than it gains
-    when other busy processes want the cores: there, use 1."""
-    opts = getattr(model, "_cpu_decode_opts", None)
-    n = opts[1] if opts else (int(os.environ["SGL_CPU_DECODE_THREADS"]) if os.environ.get("SGL_CPU_DECODE_THREADS")
-                              else None)
-    if n is None:
-        n = torch.get_num_threads()
-    return 2 if n >= 2 else 1
-
-
-def enabled(model: "LlamaForCausalLM") -> bool:
-    opts = getattr(model, "_cpu_decode_opts", None)
-    if opts:
-        return opts[0]
-    return not env_flag("SGL_DISABLE_CPU_DECODE_KERNEL")
+    when other busy processes want the cores: there, configure 1."""
+    return 2 if torch.get_num_threads() >= 2 else 1
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -69,10 +42,15 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 class CpuDecoder:
-    """Binds one model (and, lazily, one KV pool) to the C decode step."""
+    """Binds one bf16 Llama-family model (and, lazily, one KV pool) to the C decode step.
+    It reads the model's weights in place: `layers[i]` with input_layernorm,
+    qkv_weight/qkv_bias, o_weight/o_bias, post_attention_layernorm, gate_up_weight,
+    down_weight; `embed_tokens`, `norm`, `lm_head` (None when tied), rope_cos/rope_sin."""
 
-    def __init__(self, model: "LlamaForCausalLM", lib: ctypes.CDLL) -> None:
-        self.model, self.lib = model, lib
+    def __init__(self, model: Any, lib: ctypes.CDLL, threads: int) -> None:
+        if threads not in (1, 2):
+            raise ValueError(f"the C decode kernel runs on 1 or 2 threads, got {threads}")
+        self.model, self.lib, self.threads = model, lib, threads
         c = model.config
         self.dims = (c.vocab_size, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
         self.head = model.embed_tokens if model.lm_head is None else model.lm_head
@@ -84,14 +62,22 @@ class CpuDecoder:
         self._max_len = 0
         self.steps = 0  # decode steps run here (tests and stats read it)
 
-    @staticmethod
-    def supports(model: "LlamaForCausalLM", attn: Any, batch: ForwardBatch) -> bool:
-        pool = getattr(attn, "pool", None)
-        return (enabled(model) and model.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
-                and pool is not None and pool.dtype == torch.bfloat16 and isinstance(attn, TorchAttentionBackend)
+    @classmethod
+    def create(cls, model: Any, threads: int | None = None) -> "CpuDecoder | None":
+        """A decoder for `model`, or None where the kernel does not apply (not bf16 on
+        the CPU, or no C compiler). Builds the library now, so the first request does
+        not wait for the compiler."""
+        if model.dtype != torch.bfloat16 or model.embed_tokens.device.type != "cpu":
+            return None
+        lib = cpu_kernels.load()
+        return cls(model, lib, threads or default_threads()) if lib is not None else None
+
+    def supports(self, batch: ForwardBatch, pool: Any) -> bool:
+        """Whether this step can run here: a decode batch of 1..MAX_ROWS rows on a bf16
+        pool, whose logits rows are 0..B-1 in order (the kernel writes row i for request i)."""
+        return (pool is not None and pool.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
                 and batch.req_to_token.dtype == torch.int64 and 0 < batch.batch_size <= MAX_ROWS
                 and batch.is_decode and len(batch.logits_indices) == batch.batch_size
-                # The kernel writes row i's logits at row i: the indices must be 0..B-1 in order.
                 and bool((batch.logits_indices.cpu() == torch.arange(batch.batch_size)).all()))
 
     def _bind_pool(self, pool: Any, max_context: int) -> None:
@@ -133,18 +119,8 @@ class CpuDecoder:
             len(m.layers), _ptr(self._table), _ptr(m.embed_tokens), _ptr(m.norm.weight), _ptr(self.head),
             vocab, hidden, nh, nkv, d, inter, float(m.norm.eps), _ptr(m.rope_cos), _ptr(m.rope_sin), b,
             _ptr(ids), _ptr(pos), _ptr(loc), _ptr(rows), _ptr(lens), _ptr(r2t), r2t.stride(0),
-            self._max_len, _ptr(ws), _ptr(self._fws), _ptr(logits), threads(m))
+            self._max_len, _ptr(ws), _ptr(self._fws), _ptr(logits), self.threads)
         if rc != 0:
             raise RuntimeError("CPU decode kernel: a context is longer than the request table")
         self.steps += 1
         return logits
-
-
-def decoder_for(model: "LlamaForCausalLM") -> CpuDecoder | None:
-    """The model's CpuDecoder, built once; None where the kernel cannot be loaded."""
-    dec = getattr(model, "_cpu_decoder", False)
-    if dec is False:
-        lib = cpu_kernels.load() if enabled(model) else None
-        dec = CpuDecoder(model, lib) if lib is not None else None
-        model._cpu_decoder = dec
-    return dec
