@@ -114,7 +114,8 @@ class Engine:
         self.scheduler.run_forever(self._stop)
 
     # -- liveness -----------------------------------------------------------------------
-    def _raise_if_dead(self) -> None:
+    def check_alive(self) -> None:
+        """Raise SchedulerCrashedError if the scheduler thread has died."""
         reason = self.scheduler.crash_reason
         if reason is None and not self._thread.is_alive() and not self._stop.is_set():
             reason = "the scheduler thread exited"
@@ -126,10 +127,10 @@ class Engine:
             try:
                 out = q.get(timeout=LIVENESS_POLL_S)
             except queue.Empty:
-                self._raise_if_dead()
+                self.check_alive()
                 continue
             if _is_abort(out):  # a crash finishes every request with an abort first
-                self._raise_if_dead()
+                self.check_alive()
             return out
 
     async def _await(self, aw: Any) -> Any:
@@ -139,7 +140,7 @@ class Engine:
                 done, _ = await asyncio.wait({task}, timeout=LIVENESS_POLL_S)
                 if done:
                     return task.result()
-                self._raise_if_dead()
+                self.check_alive()
         finally:
             task.cancel()
 
@@ -151,7 +152,7 @@ class Engine:
             try:
                 return fut.result(timeout=LIVENESS_POLL_S)
             except FutureTimeout:
-                self._raise_if_dead()
+                self.check_alive()
                 waited += LIVENESS_POLL_S
                 if timeout is not None and waited >= timeout:
                     raise TimeoutError(f"the scheduler did not answer within {timeout:.0f}s") from None
@@ -162,7 +163,7 @@ class Engine:
                rid: Any) -> tuple[list[ReqSpec], bool]:
         if self._stop.is_set():
             raise RuntimeError("this engine was shut down; create a new Engine")
-        self._raise_if_dead()
+        self.check_alive()
         specs, is_batch = normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
                                     logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
                                     self.vocab_size, self.context_length)
@@ -241,7 +242,7 @@ class Engine:
                 self.abort(s.rid)
             raise
         if any(_is_abort(o) for o in outs):
-            self._raise_if_dead()
+            self.check_alive()
         results = [to_result(self.tokenizer, s, o) for s, o in zip(specs, outs)]
         return results if is_batch else results[0]
 
@@ -254,7 +255,7 @@ class Engine:
             while not finished:
                 out = await self._await(q.get())
                 if _is_abort(out):
-                    self._raise_if_dead()
+                    self.check_alive()
                 finished = out.finished
                 yield to_result(self.tokenizer, spec, out)
         finally:

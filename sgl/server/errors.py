@@ -4,7 +4,8 @@ Every failure a client sees uses OpenAI's shape, `{"error": {"message", "type", 
 "code"}}`, on the native endpoints too (SGLang's own client only reads `error.message`).
 Request-body problems (malformed JSON, wrong types, out-of-range values) become 400s whose
 message names the offending field, so a client can fix the request; only genuine server
-bugs become 500s, and they never take the process down.
+bugs become 500s, and they never take the process down. A dead engine scheduler is a
+503 naming its cause (and /health fails), since no request can succeed until a restart.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sgl.runtime.engine import SchedulerCrashedError
 
 logger = logging.getLogger("sgl.server")
 
@@ -108,6 +111,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return error_response(APIError(detail, exc.status_code))
+
+    @app.exception_handler(SchedulerCrashedError)
+    async def _crashed(request: Request, exc: SchedulerCrashedError) -> JSONResponse:
+        return error_response(APIError(str(exc), 503))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -250,6 +250,10 @@ async def get_server_info(request: Request) -> dict[str, Any]:
 async def health(request: Request) -> Response:
     if request.app.state.shutting_down:
         return PlainTextResponse("shutting down", status_code=503)
+    try:  # a dead scheduler makes the server unhealthy (the engine says why)
+        getattr(request.app.state.engine, "check_alive", lambda: None)()
+    except RuntimeError as e:
+        return PlainTextResponse(str(e), status_code=503)
     return Response(status_code=200)
 
 
