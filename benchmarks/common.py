@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +16,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_model() -> str:
+    """lscpu's model name: hosts of one machine kind differ (Zen 3, Zen 4, AMX Xeons)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -64,7 +77,9 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
 def write_json(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
-    data = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}, **data}
+    machine = {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
+               "threads": torch.get_num_threads()}
+    data = {"machine": machine, **data}
     path.write_text(json.dumps(data, indent=2))
-    print(f"\nwrote {path}")
+    print(f"\nhost: {machine['cpu']}\nwrote {path}")
     return path

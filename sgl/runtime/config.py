@@ -45,6 +45,8 @@ class EngineConfig:
     num_threads: int | None = _f(None, "torch CPU threads (default: all cores)")
     disable_cpu_decode_kernel: bool = _f(False, "run small bf16 CPU decode batches through torch ops instead of "
                                                 "the C decode kernel (for comparison)")
+    disable_packed_linears: bool = _f(False, "keep small-batch CPU matmuls on the plain weight layout instead of "
+                                             "oneDNN's prepacked one (used only where verified bit-identical)")
     cpu_decode_threads: int | None = _f(None, "threads of the C decode kernel, 1 or 2 (default: 2 when torch has 2+; "
                                               "use 1 on a machine other busy processes share)")
 

@@ -65,7 +65,8 @@ class Engine:
         self._num_threads = torch.get_num_threads()
         device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = device
-        loaded = load_model(cfg.model_path, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir)
+        loaded = load_model(cfg.model_path, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir,
+                            prepack=not cfg.disable_packed_linears)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template

@@ -131,8 +131,10 @@ def load_model(
     dtype: torch.dtype | str = "auto",
     device: str | torch.device = "cpu",
     cache_dir: str | None = None,
+    prepack: bool = True,
 ) -> LoadedModel:
-    """Load a Llama-family model, converting a GGUF (default: embedded SmolLM2) once."""
+    """Load a Llama-family model, converting a GGUF (default: embedded SmolLM2) once;
+    `prepack` packs the CPU weights for small batches where verified (kernels/cpu/linear.py)."""
     if model_path is None:
         gguf = embedded_gguf_path()
         hf_dir = ensure_hf_from_gguf(gguf, cache_dir)
@@ -153,7 +155,8 @@ def load_model(
     model = model_class(config.architecture)(config, torch_dtype)
     load_hf_weights(model, hf_dir)
     model = model.to(device).eval()
-    model.prepack()
+    if prepack:
+        model.prepack()
     tokenizer = load_tokenizer(hf_dir)
     return LoadedModel(
         model=model,
