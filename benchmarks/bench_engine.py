@@ -71,7 +71,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--hf-requests", type=int, default=16,
-                    help="transformers is timed on this many requests and scaled to --requests")
+                    help="transformers is timed on this many requests and scaled to --requests (0: skip it)")
+    ap.add_argument("--batches", default="1,8,32,64", help="decode batch sizes of (c), comma-separated")
     args = ap.parse_args()
     prompts = shared_prefix_prompts(args.requests)
     results: dict = {}
@@ -83,15 +84,17 @@ def main() -> None:
     t_plain, st_plain = run_shared(plain, prompts, args.new_tokens)
     plain.shutdown()
     hf_n = min(args.hf_requests, args.requests)
-    t_hf = run_transformers(eng.hf_dir, prompts[:hf_n], args.new_tokens, eng.tokenizer) * args.requests / hf_n
     rows_a = [
         {"system": "sgl (radix cache)", "seconds": t_radix, "req/s": args.requests / t_radix,
          "cached_tokens": st["cached_tokens"], "speedup": 1.0},
         {"system": "sgl (radix disabled)", "seconds": t_plain, "req/s": args.requests / t_plain,
          "cached_tokens": st_plain["cached_tokens"], "speedup": t_plain / t_radix},
-        {"system": f"transformers one by one (timed {hf_n}, scaled)", "seconds": t_hf,
-         "req/s": args.requests / t_hf, "cached_tokens": 0, "speedup": t_hf / t_radix},
     ]
+    t_hf = float("nan")
+    if hf_n > 0:
+        t_hf = run_transformers(eng.hf_dir, prompts[:hf_n], args.new_tokens, eng.tokenizer) * args.requests / hf_n
+        rows_a.append({"system": f"transformers one by one (timed {hf_n}, scaled)", "seconds": t_hf,
+                       "req/s": args.requests / t_hf, "cached_tokens": 0, "speedup": t_hf / t_radix})
     print_table(f"(a) {args.requests} requests, shared {n_prefix}-token prefix, {args.new_tokens} new tokens"
                 " (speedup = that system's time / sgl's)", rows_a)
     results["shared_prefix"] = {"prefix_tokens": n_prefix, "rows": rows_a,
@@ -107,7 +110,7 @@ def main() -> None:
     results["single_stream"] = rows_b[0]
 
     rows_c = []
-    for b in (1, 8, 32, 64):
+    for b in (int(x) for x in args.batches.split(",")):
         rows_c.append({"batch": b, "decode_tok/s": decode_throughput(eng, b, 32)})
     print_table("(c) decode throughput by batch size", rows_c)
     results["decode_batches"] = rows_c

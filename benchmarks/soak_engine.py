@@ -15,6 +15,7 @@ within --timeout), with and without competing load: one busy-looping process per
 --fast-paths-off it repeats the soak with each CPU fast path turned off in turn.
 
 Run: .venv/bin/python benchmarks/soak_engine.py --runs 30 --load both [--fast-paths-off]
+(a host without fast bf16 GEMMs needs a smaller recipe: --prompts 4 --shots 2 --max-rows 16)
 Prints a table, writes benchmarks/results/soak_engine.json. Not a test.
 """
 
@@ -44,26 +45,31 @@ FAST_PATHS: dict[str, dict[str, str]] = {
     "decode kernel 1 thread": {"SGL_CPU_DECODE_THREADS": "1"},
 }
 
-FEWSHOT = "\n".join(
-    f"Question: What is {a} times {b}? Think step by step and give the answer as a number.\nAnswer: {a * b}"
-    for a, b in [(i * 7 % 31 + 2, i * 13 % 23 + 3) for i in range(28)]
-)
+ROWS = (1, 8, 9, 33, 64, 256)
+
+
+def fewshot(shots: int) -> str:
+    """A few-shot prefix of ~35 tokens per shot (28 shots: ~980 tokens, the recipe's)."""
+    return "\n".join(
+        f"Question: What is {a} times {b}? Think step by step and give the answer as a number.\nAnswer: {a * b}"
+        for a, b in [(i * 7 % 31 + 2, i * 13 % 23 + 3) for i in range(shots)])
 
 
 # ---- the child: one engine's workload ---------------------------------------------------
-def _recipe(engine: Any, prompts: int) -> None:
+def _recipe(engine: Any, prompts: int, shots: int) -> None:
     engine.generate("warm up", {"max_new_tokens": 2})
-    qs = [f"{FEWSHOT}\nQuestion: What is {i} times {i % 9 + 2}? Think step by step.\nAnswer:" for i in range(prompts)]
+    prefix = fewshot(shots)
+    qs = [f"{prefix}\nQuestion: What is {i} times {i % 9 + 2}? Think step by step.\nAnswer:" for i in range(prompts)]
     outs = engine.generate(qs, {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True})
     assert all(len(o["output_ids"]) == 16 for o in outs)
 
 
-def _mix(engine: Any) -> None:
+def _mix(engine: Any, max_rows: int) -> None:
     short = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
-    for rows in (1, 8, 9, 33, 64, 256):  # decode steps of these batch sizes
+    for rows in (r for r in ROWS if r <= max_rows):  # decode steps of these batch sizes
         outs = engine.generate([f"Item {i} of {rows}:" for i in range(rows)], short)
         assert all(len(o["output_ids"]) == 4 for o in outs)
-    long_prompt = " ".join(f"word{i}" for i in range(700))
+    long_prompt = " ".join(f"word{i}" for i in range(3 * max_rows))  # ~750 tokens at 256 rows
     engine.generate(long_prompt, short)  # a long prefill
     engine.generate([long_prompt + f" and then {i}" for i in range(12)], short)  # extends after a cached prefix
     engine.generate(long_prompt, short)  # fully cached: a one-token extend
@@ -76,15 +82,15 @@ def _mix(engine: Any) -> None:
     assert r["text"].startswith("{"), r["text"]
 
 
-def child(prompts: int) -> None:
+def child(args: argparse.Namespace) -> None:
     from sgl.runtime.engine import Engine
 
     for opts in ({}, {"disable_radix_cache": True}):
         engine = Engine(max_total_tokens=65536, **opts)
         try:
-            _recipe(engine, prompts)
+            _recipe(engine, args.prompts, args.shots)
             if not opts:
-                _mix(engine)
+                _mix(engine, args.max_rows)
             engine.check_invariants()
         finally:
             engine.shutdown()
@@ -112,13 +118,15 @@ def _stack(stderr: str) -> str:
     return (stderr[i:] if i >= 0 else stderr[-1500:])[:3000]
 
 
-def one_run(env_extra: dict[str, str], prompts: int, timeout: float) -> dict[str, Any]:
+def one_run(env_extra: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ, **env_extra)
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, __file__, "--child", "--prompts", str(prompts)], env=env, cwd=ROOT,
+    cmd = [sys.executable, __file__, "--child", "--prompts", str(args.prompts), "--shots", str(args.shots),
+           "--max-rows", str(args.max_rows)]
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = p.communicate(timeout=timeout)
+        out, err = p.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
@@ -138,7 +146,7 @@ def soak(name: str, env_extra: dict[str, str], load: str, args: argparse.Namespa
     t0 = time.perf_counter()
     try:
         for i in range(args.runs):
-            r = one_run(env_extra, args.prompts, args.timeout)
+            r = one_run(env_extra, args)
             runs.append(r)
             print(f"  [{name}, load {load}] run {i + 1}/{args.runs}: {r['outcome']} in {r['seconds']:.1f}s", flush=True)
             if r["outcome"] != "ok":
@@ -158,22 +166,26 @@ def main() -> None:
                     help="competing load: none, one busy process per core, or both in turn")
     ap.add_argument("--fast-paths-off", action="store_true", help="also soak with each fast path off in turn")
     ap.add_argument("--prompts", type=int, default=64, help="prompts sharing the few-shot prefix in the recipe")
+    ap.add_argument("--shots", type=int, default=28, help="few-shot examples in the shared prefix (28: ~980 tokens)")
+    ap.add_argument("--max-rows", type=int, default=256, help="largest decode batch of the shape mix")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a run counts as hung")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.prompts)
+        child(args)
         return
     print(f"host: {cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     loads = ["none", "burn"] if args.load == "both" else [args.load]
     variants = FAST_PATHS if args.fast_paths_off else {"all on": {}}
     results = [soak(name, env, load, args) for name, env in variants.items() for load in loads]
-    print_table(f"soak: {args.runs} fresh engines per row ({args.prompts}-prompt recipe + shape mix)",
+    print_table(f"soak: {args.runs} fresh engines per row ({args.prompts} prompts x {args.shots}-shot prefix, "
+                f"decode batches up to {args.max_rows})",
                 [{k: v for k, v in r.items() if k != "problems"} for r in results])
     for r in results:
         for p in r["problems"]:
             print(f"\n{r['fast paths']} / load {r['load']}: {p['outcome']} {p.get('signal', '')}\n{p.get('detail', '')}")
-    write_json("soak_engine.json", {"runs": args.runs, "prompts": args.prompts, "results": results})
+    write_json("soak_engine.json", {"runs": args.runs, "prompts": args.prompts, "shots": args.shots,
+                                    "max_rows": args.max_rows, "results": results})
 
 
 if __name__ == "__main__":
