@@ -17,7 +17,7 @@ from sgl.lang.choices import (ChoicesDecision, ChoicesSamplingMethod, greedy_tok
                               unconditional_likelihood_normalized)
 from sgl.lang.global_config import global_config
 from sgl.lang.interpreter import ProgramError
-from sgl.lang.ir import SglFunction
+from sgl.lang.function import SglFunction
 from sgl.lang.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"

@@ -85,3 +85,47 @@ def test_prefix_stops_at_fork():
     assert extract_prefix_by_tracing(prog, None) == "root "
     tracer = prog.trace()
     assert len(tracer.child_states) == 2
+
+
+def test_a_trace_in_one_thread_does_not_capture_another_threads_programs():
+    import threading
+
+    from sgl.lang.backends.fake import FakeBackend
+    from sgl.lang.state import ProgramState
+    from sgl.lang.tracer import TracerProgramState
+
+    be = FakeBackend()
+    tracing, release = threading.Event(), threading.Event()
+
+    @sgl.function
+    def batched(s, q):
+        s += "A long constant few-shot prefix that run_batch warms up by tracing first. " * 2
+        if isinstance(s, TracerProgramState):  # hold the warm-up trace open in its thread
+            tracing.set()
+            release.wait(10)
+        s += q + sgl.gen("a", max_tokens=2)
+
+    @sgl.function
+    def inner(s):
+        s += "inner " + sgl.gen("b", max_tokens=2)
+
+    @sgl.function
+    def outer(s):
+        s += "outer "
+        s["nested"] = inner()
+
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(states=batched.run_batch([{"q": "x"}, {"q": "y"}],
+                                                                                 backend=be)))
+    worker.start()
+    try:
+        assert tracing.wait(10)
+        # The other thread is inside a TracingScope right now; this call must still run.
+        state = inner(backend=be)
+        assert isinstance(state, ProgramState) and state["b"] == "ok"
+    finally:
+        release.set()
+        worker.join(10)
+    assert [st["a"] for st in out["states"]] == ["ok", "ok"]
+    # Within one thread a program called while tracing is still traced into the trace.
+    assert isinstance(outer.trace(backend=be).variables["nested"], TracerProgramState)

@@ -9,7 +9,7 @@ import pytest
 
 from sgl.radix import RadixTree
 from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
-from sgl.runtime.request import SamplingParams
+from sgl.runtime.sampling_params import SamplingParams
 from sgl.runtime.scheduler.kv_cache import KVCache
 from sgl.runtime.scheduler.req import Req, ReqOutput
 from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig

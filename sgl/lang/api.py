@@ -6,13 +6,15 @@ model. Backends given by the user may be an `sgl.Engine`, which is wrapped on us
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Callable
 
 from sgl.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from sgl.lang.function import SglFunction
 from sgl.lang.global_config import global_config
-from sgl.lang.ir import (GenParams, SglExpr, SglExprList, SglFunction, SglGen, SglRoleBegin, SglRoleEnd,
-                         SglSelect)
+from sgl.lang.ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, gen_params, role_exprs
+from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
 
 
 def function(func: Callable | None = None, num_api_spec_tokens: int | None = None):
@@ -54,89 +56,39 @@ def _check_regex(pattern: str | None) -> None:
             raise ValueError(f"regex {pattern!r} is not a valid regular expression: {e}") from None
 
 
-def gen(
-    name: str | None = None,
-    max_tokens: int | None = None,
-    min_tokens: int | None = None,
-    n: int | None = None,
-    stop: str | list[str] | None = None,
-    stop_token_ids: list[int] | None = None,
-    stop_regex: str | list[str] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    ignore_eos: bool | None = None,
-    return_logprob: bool | None = None,
-    logprob_start_len: int | None = None,
-    top_logprobs_num: int | None = None,
-    return_text_in_logprobs: bool | None = None,
-    dtype: type | str | None = None,
-    choices: list[str] | None = None,
-    choices_method: ChoicesSamplingMethod | None = None,
-    regex: str | None = None,
-    json_schema: str | dict | None = None,
-    ebnf: str | None = None,
-    grammar: str | None = None,
-) -> SglExpr:
-    """Generate text into variable `name`. `grammar=` takes a Lark grammar, `ebnf=` a GBNF/EBNF one."""
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, *,
+        dtype: type | str | None = None, choices: list[str] | None = None,
+        choices_method: ChoicesSamplingMethod | None = None, **options: Any) -> SglExpr:
+    """Generate text into variable `name`.
+
+    `options` are sampling parameters by their `SamplingParams` names (temperature, top_p,
+    stop, seed, repetition_penalty, regex, json_schema, ebnf, lark, ...; `grammar=` is the
+    Lark grammar too) and the logprob options (return_logprob, top_logprobs_num, ...).
+    `choices=` makes it a `select`; `dtype=` (int, float, str, bool) a typed gen.
+    """
     if choices:
+        temperature = options.get("temperature")
         return SglSelect(name, choices, 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
-    _check_regex(regex)
-    if isinstance(json_schema, dict):
-        import json
-
-        json_schema = json.dumps(json_schema)
-    constraints = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("ebnf", ebnf),
-                                  ("grammar", grammar)) if v is not None]
+    params = gen_params({"max_tokens": max_tokens, "min_tokens": min_tokens, **options}, "gen", dtype)
+    sp = params.sampling
+    _check_regex(sp.get("regex"))
+    if isinstance(sp.get("json_schema"), dict):
+        sp["json_schema"] = json.dumps(sp["json_schema"])
+    constraints = [k for k in CONSTRAINT_KINDS if k in sp]
     if len(constraints) > 1:
-        raise ValueError(f"gen() takes at most one of regex/json_schema/ebnf/grammar, got {constraints}")
-    return SglGen(name, GenParams(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
-        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-        return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex, json_schema=json_schema,
-        ebnf=ebnf, lark=grammar))
+        raise ValueError(f"gen() takes at most one constraint of {list(CONSTRAINT_KINDS)}, got {constraints}")
+    return SglGen(name, params)
 
 
-def _typed_gen(dtype: type, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
-               min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-               top_logprobs_num, return_text_in_logprobs) -> SglExpr:
-    return gen(name, max_tokens, None, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
-               frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
-               top_logprobs_num, return_text_in_logprobs, dtype=dtype)
+def gen_int(name: str | None = None, max_tokens: int | None = None, **options: Any) -> SglExpr:
+    """A gen constrained to an integer; `options` as for `gen`."""
+    return gen(name, max_tokens, dtype=int, **options)
 
 
-def gen_int(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
-            stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-            stop_regex: str | list[str] | None = None, temperature: float | None = None,
-            top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-            frequency_penalty: float | None = None, presence_penalty: float | None = None,
-            ignore_eos: bool | None = None, return_logprob: bool | None = None,
-            logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-            return_text_in_logprobs: bool | None = None) -> SglExpr:
-    """A gen constrained to an integer."""
-    return _typed_gen(int, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
-                      min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                      logprob_start_len, top_logprobs_num, return_text_in_logprobs)
-
-
-def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
-               stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-               stop_regex: str | list[str] | None = None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-               frequency_penalty: float | None = None, presence_penalty: float | None = None,
-               ignore_eos: bool | None = None, return_logprob: bool | None = None,
-               logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-               return_text_in_logprobs: bool | None = None) -> SglExpr:
-    """A gen constrained to a double-quoted string of word characters and spaces."""
-    return _typed_gen(str, name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k,
-                      min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                      logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+def gen_string(name: str | None = None, max_tokens: int | None = None, **options: Any) -> SglExpr:
+    """A gen constrained to a double-quoted string of word characters and spaces; `options` as for `gen`."""
+    return gen(name, max_tokens, dtype=str, **options)
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
@@ -147,29 +99,16 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return SglSelect(name, choices, temperature, choices_method)
 
 
-def _role(name: str, expr: Any = None) -> SglExprList:
-    if expr is None:
-        return SglExprList([SglRoleBegin(name), SglRoleEnd(name)])
-    body = expr if isinstance(expr, SglExpr) else _text(expr)
-    return SglExprList([SglRoleBegin(name), body, SglRoleEnd(name)])
-
-
-def _text(x: Any) -> SglExpr:
-    from sgl.lang.ir import SglConstantText
-
-    return SglConstantText(x if isinstance(x, str) else str(x))
-
-
 def system(expr: Any = None) -> SglExprList:
-    return _role("system", expr)
+    return role_exprs("system", expr)
 
 
 def user(expr: Any = None) -> SglExprList:
-    return _role("user", expr)
+    return role_exprs("user", expr)
 
 
 def assistant(expr: Any = None) -> SglExprList:
-    return _role("assistant", expr)
+    return role_exprs("assistant", expr)
 
 
 def system_begin() -> SglRoleBegin:

@@ -17,13 +17,9 @@ from typing import Any
 
 from sgl.lang.backends.base import Backend, check_result
 from sgl.lang.chat_template import ChatTemplate
-from sgl.lang.ir import (LOGPROB_KEYS, REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, GenParams, SglConstantText,
-                         SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVariable,
-                         SglVarScopeBegin, SglVarScopeEnd)
-
-_SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
-                  "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "regex",
-                  "json_schema", "ebnf", "lark")
+from sgl.lang.ir import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, GenParams, SglConstantText, SglExpr,
+                         SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVariable, SglVarScopeBegin,
+                         SglVarScopeEnd)
 
 
 class ProgramError(RuntimeError):
@@ -238,7 +234,7 @@ class StreamExecutor:
     def request_for(self, params: GenParams) -> tuple[dict, dict]:
         """(sampling_params, logprob options) for a gen, after defaults, dtype and chat stops."""
         p = params.merged_over(self.default_params)
-        sp = {k: getattr(p, k) for k in _SAMPLING_KEYS if getattr(p, k) is not None}
+        sp = dict(p.sampling)
         stop = _as_list(sp.pop("stop", None))
         if p.dtype is not None:
             regex, extra = dtype_constraint(p.dtype)
@@ -255,8 +251,7 @@ class StreamExecutor:
                 del sp[k]
         if sp.get("n") == 1:
             del sp["n"]
-        opts = {k: getattr(p, k) for k in LOGPROB_KEYS if getattr(p, k) is not None}
-        return sp, opts
+        return sp, dict(p.logprob)
 
     def _execute_gen(self, expr: SglGen) -> None:
         sp, opts = self.request_for(expr.sampling_params)

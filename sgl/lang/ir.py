@@ -1,19 +1,19 @@
-"""The DSL's expression nodes and `SglFunction`, the decorated program.
+"""The DSL's expression nodes: what a program appends to its state (`s += expr`).
 
-A program appends expressions to its state (`s += expr`): constant text, `gen`,
-`select`, role markers, variable scopes. The nodes here are plain descriptions; the
-interpreter (interpreter.py) executes them against a backend and the tracer (tracer.py)
-records them without running a model. `GenParams` holds a gen's sampling overrides: a
-field left `None` inherits the value given to `run(...)`.
+Constant text, `gen`, `select`, role markers, variable scopes, fork markers. The nodes
+are plain descriptions; the interpreter (interpreter.py) executes them against a backend
+and the tracer (tracer.py) records them without running a model. `GenParams` holds a
+gen's options (or a run's defaults): sampling parameters by their `SamplingParams` names,
+the only place they are declared, plus the logprob request options.
 """
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from sgl.lang.global_config import global_config
+from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.sampling_params import ALIASES, FIELD_NAMES
 
 if TYPE_CHECKING:
     from sgl.lang.choices import ChoicesSamplingMethod
@@ -24,56 +24,51 @@ REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
-
-@dataclass
-class GenParams:
-    """Sampling options of one gen (None = inherit), in SGLang's `sampling_params` names."""
-
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    stop_regex: str | list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    ignore_eos: bool | None = None
-    return_logprob: bool | None = None
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
-    return_text_in_logprobs: bool | None = None
-    dtype: Any = None
-    regex: str | None = None
-    json_schema: str | None = None
-    ebnf: str | None = None
-    lark: str | None = None
-
-    def merged_over(self, base: "GenParams") -> "GenParams":
-        """A new GenParams: `base` with every non-None field of self on top."""
-        out = GenParams(**{f.name: getattr(base, f.name) for f in fields(GenParams)})
-        for f in fields(GenParams):
-            v = getattr(self, f.name)
-            if v is not None:
-                setattr(out, f.name, v)
-        return out
-
-
 # Keys that are request options rather than sampling parameters.
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
+# The DSL's own spellings (SGLang's gen() says max_tokens; grammar= takes a Lark grammar).
+DSL_RENAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "grammar": "lark", **ALIASES}
 
-def default_run_params(**kw: Any) -> GenParams:
-    """Defaults for a program run: SGLang's (max_new_tokens=128, temperature=1.0, ...)."""
-    p = GenParams(max_new_tokens=128, stop=[], stop_token_ids=[], temperature=1.0, top_p=1.0, top_k=-1,
-                  min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, ignore_eos=False)
-    for k, v in kw.items():
-        if v is not None:
-            setattr(p, k, v)
-    return p
+
+@dataclass
+class GenParams:
+    """A gen's options; a key that is absent inherits the value given to `run(...)`."""
+
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams field name -> value
+    logprob: dict[str, Any] = field(default_factory=dict)  # LOGPROB_KEYS
+    dtype: Any = None
+
+    def merged_over(self, base: "GenParams") -> "GenParams":
+        """A new GenParams: `base` with every option of self on top. A constraint (or dtype) of
+        self replaces the base's, rather than making two."""
+        own = self.dtype is not None or any(k in self.sampling for k in CONSTRAINT_KINDS)
+        inherited = {k: v for k, v in base.sampling.items() if not (own and k in CONSTRAINT_KINDS)}
+        return GenParams({**inherited, **self.sampling}, {**base.logprob, **self.logprob},
+                         self.dtype if own else base.dtype)
+
+
+def is_option(key: str) -> bool:
+    """True if `key` names a sampling parameter (or a DSL spelling of one) or a logprob option."""
+    return DSL_RENAMES.get(key, key) in FIELD_NAMES or key in LOGPROB_KEYS
+
+
+def gen_params(options: dict[str, Any], where: str, dtype: Any = None) -> GenParams:
+    """Sort keyword options into a GenParams (None = not given); unknown keys raise TypeError."""
+    out = GenParams(dtype=dtype)
+    for key, value in options.items():
+        name = DSL_RENAMES.get(key, key)
+        if not is_option(key):
+            raise TypeError(f"{where}() got an unexpected keyword argument {key!r}; it takes the sampling "
+                            f"parameters {sorted(FIELD_NAMES)} (max_tokens/min_tokens also work) and "
+                            f"{list(LOGPROB_KEYS)}")
+        if value is None:
+            continue
+        target = out.logprob if name in LOGPROB_KEYS else out.sampling
+        if name in target:
+            raise TypeError(f"{where}() got {name!r} twice (as {key!r} and under another name)")
+        target[name] = value
+    return out
 
 
 class SglExpr:
@@ -204,94 +199,9 @@ class SglGetForkItem(SglExpr):
         self.index = index
 
 
-class SglFunction:
-    """A program: `@sgl.function def f(s, ...)`; call `.run`, `.run_batch`, `.bind`, `.trace`."""
-
-    def __init__(self, func: Callable, num_api_spec_tokens: int | None = None,
-                 bind_arguments: dict[str, Any] | None = None):
-        self.func = func
-        self.num_api_spec_tokens = num_api_spec_tokens
-        self.bind_arguments = dict(bind_arguments or {})
-        spec = inspect.getfullargspec(func)
-        if not spec.args or spec.args[0] != "s":
-            raise TypeError(f"the first parameter of an sgl.function must be named 's' (got {spec.args[:1]})")
-        self.arg_names = spec.args[1:]
-        self.arg_defaults = spec.defaults or ()
-        self.__name__ = getattr(func, "__name__", "program")
-        self.__doc__ = func.__doc__
-
-    def bind(self, **kwargs: Any) -> "SglFunction":
-        unknown = [k for k in kwargs if k not in self.arg_names]
-        if unknown:
-            raise TypeError(f"{self.__name__}() has no parameter(s) {unknown}")
-        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
-
-    def run(self, *args: Any, max_new_tokens: int = 128, stop: str | list[str] | None = None,
-            stop_token_ids: list[int] | None = None, temperature: float = 1.0, top_p: float = 1.0,
-            top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-            ignore_eos: bool = False, return_logprob: bool | None = None, logprob_start_len: int | None = None,
-            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-            stream: bool = False, backend: Any = None, **kwargs: Any):
-        from sgl.lang.runner import run_program
-
-        params = default_run_params(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, temperature=temperature,
-            top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs)
-        return run_program(self, backend or global_config.default_backend, args, kwargs, params, stream)
-
-    def run_batch(self, batch_kwargs: list, *, max_new_tokens: int = 128, stop: str | list[str] | None = None,
-                  stop_token_ids: list[int] | None = None, temperature: float = 1.0, top_p: float = 1.0,
-                  top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
-                  presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob: bool | None = None,
-                  logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-                  return_text_in_logprobs: bool | None = None, backend: Any = None,
-                  num_threads: str | int = "auto", progress_bar: bool = False):
-        from sgl.lang.runner import run_program_batch
-
-        if not isinstance(batch_kwargs, (list, tuple)):
-            raise TypeError("run_batch takes a list of argument dicts (or argument tuples)")
-        if not batch_kwargs:
-            return []
-        batch = [self._as_kwargs(a) for a in batch_kwargs]
-        params = default_run_params(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, temperature=temperature,
-            top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs)
-        return run_program_batch(self, backend or global_config.default_backend, batch, params,
-                                 num_threads, progress_bar)
-
-    def _as_kwargs(self, args: Any) -> dict[str, Any]:
-        if isinstance(args, dict):
-            return args
-        if isinstance(args, (list, tuple)):
-            need = len(self.arg_names) - len(self.arg_defaults)
-            if not need <= len(args) <= len(self.arg_names):
-                raise TypeError(f"{self.__name__}() takes {need}..{len(self.arg_names)} arguments, got {len(args)}")
-            return dict(zip(self.arg_names, args))
-        raise TypeError(f"run_batch items must be dicts or tuples, got {type(args).__name__}")
-
-    def trace(self, *, backend: Any = None, **kwargs: Any):
-        from sgl.lang.tracer import trace_program
-
-        return trace_program(self, kwargs, backend or global_config.default_backend)
-
-    def cache(self, backend: Any = None) -> None:
-        from sgl.lang.runner import cache_program
-
-        cache_program(self, backend or global_config.default_backend)
-
-    def __call__(self, *args: Any, **kwargs: Any):
-        from sgl.lang.tracer import TracingScope
-
-        scope = TracingScope.current()
-        if scope is None:
-            return self.run(*args, **kwargs)
-        return self.trace(backend=scope.tracer_state.backend, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"SglFunction({self.__name__})"
+def role_exprs(role: str, body: Any = None) -> SglExprList:
+    """A whole `role` turn around `body` (an expression, or any value as its text); empty if None."""
+    if body is None:
+        return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])
+    text = body if isinstance(body, SglExpr) else SglConstantText(str(body))
+    return SglExprList([SglRoleBegin(role), text, SglRoleEnd(role)])

@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sgl.lang.backends import as_backend
+from sgl.lang.backends.base import Backend
 from sgl.lang.global_config import global_config
 from sgl.lang.interpreter import ProgramError, StreamExecutor
 from sgl.lang.ir import GenParams
 from sgl.lang.state import ProgramState
-
-if TYPE_CHECKING:
-    from sgl.lang.backends.base import Backend
-    from sgl.lang.ir import SglFunction
+from sgl.lang.tracer import Program, extract_prefix_by_tracing
 
 
-def _resolve(backend: Any) -> "Backend":
+def _resolve(backend: Any) -> Backend:
     if backend is None:
         raise ValueError("no backend: call sgl.set_default_backend(...) or pass backend= to run()")
     return as_backend(backend)
 
 
-def _body(state: ProgramState, program: "SglFunction", args: tuple, kwargs: dict) -> None:
+def _body(state: ProgramState, program: Program, args: tuple, kwargs: dict) -> None:
     exe = state.stream_executor
     try:
         state.ret_value = program.func(state, *args, **kwargs)
@@ -49,7 +47,7 @@ def _body(state: ProgramState, program: "SglFunction", args: tuple, kwargs: dict
         print(exe.text_)
 
 
-def run_program(program: "SglFunction", backend: Any, args: tuple, kwargs: dict, params: GenParams,
+def run_program(program: Program, backend: Any, args: tuple, kwargs: dict, params: GenParams,
                 stream: bool) -> ProgramState:
     kwargs = {**kwargs, **program.bind_arguments}
     exe = StreamExecutor(_resolve(backend), kwargs, params, stream=stream, program_name=program.__name__)
@@ -68,10 +66,8 @@ def run_program(program: "SglFunction", backend: Any, args: tuple, kwargs: dict,
     return state
 
 
-def cache_program(program: "SglFunction", backend: Any) -> str:
+def cache_program(program: Program, backend: Any) -> str:
     """Prefill the program's constant prefix; returns it ("" when too short to bother)."""
-    from sgl.lang.tracer import extract_prefix_by_tracing
-
     backend = _resolve(backend)
     prefix = extract_prefix_by_tracing(program, backend)
     if len(prefix) > global_config.precache_min_chars:
@@ -80,7 +76,7 @@ def cache_program(program: "SglFunction", backend: Any) -> str:
     return ""
 
 
-def run_program_batch(program: "SglFunction", backend: Any, batch: list[dict], params: GenParams,
+def run_program_batch(program: Program, backend: Any, batch: list[dict], params: GenParams,
                       num_threads: str | int, progress_bar: bool) -> list[ProgramState]:
     backend = _resolve(backend)
     if global_config.enable_precache_with_tracing and len(batch) > 1:

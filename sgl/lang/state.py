@@ -1,7 +1,7 @@
 """ProgramState (the `s` a program writes to) and ProgramStateGroup (what `s.fork(n)` returns).
 
 The state is a thin user-facing shell over a StreamExecutor: `+=` submits, `s["x"]`
-waits for one variable, roles and var scopes are context managers, and the streaming
+waits for one variable, roles and var scopes come from roles.py, and the streaming
 iterators read the executor's text as it grows.
 """
 
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from sgl.lang.interpreter import ProgramError, StreamExecutor
-from sgl.lang.ir import SglConstantText, SglExpr, SglExprList, SglRoleBegin, SglRoleEnd, SglVarScopeBegin, SglVarScopeEnd
+from sgl.lang.ir import SglConstantText, SglExpr
+from sgl.lang.roles import RoleWriter
 
 
-class ProgramState:
+class ProgramState(RoleWriter):
     def __init__(self, stream_executor: StreamExecutor):
         self.stream_executor = stream_executor
         self.ret_value: Any = None
@@ -30,35 +31,8 @@ class ProgramState:
         self.stream_executor.submit(other)
         return self
 
-    def _role(self, name: str, expr: Any = None):
-        if expr is not None:
-            body = expr if isinstance(expr, SglExpr) else SglConstantText(str(expr))
-            self.stream_executor.submit(SglExprList([SglRoleBegin(name), body, SglRoleEnd(name)]))
-            return None
-
-        @contextmanager
-        def scope() -> Iterator[None]:
-            self.stream_executor.submit(SglRoleBegin(name))
-            yield
-            self.stream_executor.submit(SglRoleEnd(name))
-
-        return scope()
-
-    def system(self, expr: Any = None):
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        """Everything appended inside the block becomes variable `name`."""
-        self.stream_executor.submit(SglVarScopeBegin(name))
-        yield
-        self.stream_executor.submit(SglVarScopeEnd(name))
+    def _write(self, expr: SglExpr) -> None:
+        self.stream_executor.submit(expr)
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
         return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(size)], self)

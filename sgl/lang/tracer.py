@@ -8,41 +8,54 @@ refuse to be formatted, so an f-string of an argument raises TypeError while tra
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from contextvars import ContextVar, Token
+from typing import Any, Callable, Protocol
 
 from sgl.lang.chat_template import DEFAULT_TEMPLATE
 from sgl.lang.ir import (SglArgument, SglConstantText, SglExpr, SglExprList, SglFork, SglGen, SglGetForkItem,
-                         SglRoleBegin, SglRoleEnd, SglSelect, SglVariable, SglVarScopeBegin, SglVarScopeEnd)
-
-if TYPE_CHECKING:
-    from sgl.lang.ir import SglFunction
+                         SglRoleBegin, SglRoleEnd, SglSelect, SglVariable, SglVarScopeEnd)
+from sgl.lang.roles import RoleWriter
 
 
 class StopTracing(Exception):
     pass
 
 
+class Program(Protocol):
+    """What tracing and running need of a program (`SglFunction` is one)."""
+
+    __name__: str
+    func: Callable[..., Any]
+    arg_names: list[str]
+    bind_arguments: dict[str, Any]
+
+
 class TracingScope:
-    _current: "TracingScope | None" = None
+    """Marks the tracer state of the trace running in this thread (or task): a program called
+    inside a traced body is traced into it instead of run. A context variable, so a trace in one
+    thread never captures programs that another thread runs meanwhile (run_batch's warm-up traces)."""
 
     def __init__(self, tracer_state: "TracerProgramState"):
         self.tracer_state = tracer_state
-        self.last: TracingScope | None = None
+        self._token: Token | None = None
 
     def __enter__(self) -> "TracingScope":
-        self.last, TracingScope._current = TracingScope._current, self
+        self._token = _current_scope.set(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        TracingScope._current = self.last
+        assert self._token is not None
+        _current_scope.reset(self._token)
 
     @staticmethod
     def current() -> "TracingScope | None":
-        return TracingScope._current
+        return _current_scope.get()
 
 
-class TracerProgramState:
+_current_scope: ContextVar[TracingScope | None] = ContextVar("sgl_tracing_scope", default=None)
+
+
+class TracerProgramState(RoleWriter):
     """Records what a program appends, in order, as flat expression nodes."""
 
     def __init__(self, backend: Any, arguments: dict[str, Any], only_trace_prefix: bool):
@@ -78,6 +91,9 @@ class TracerProgramState:
             self.nodes.append(SglConstantText(self.chat_template.get_prefix_and_suffix(x.role)[1]))
             self.messages_.append({"role": x.role, "content": ""})
             self.cur_role = None
+        elif isinstance(x, SglVarScopeEnd):
+            self.nodes.append(x)
+            self.variables[x.name] = SglVariable(x.name, None)
         elif isinstance(x, (SglGen, SglSelect)):
             name = x.name if x.name is not None else f"{type(x).__name__.lower()}_{len(self.variables)}"
             self.variables[name] = SglVariable(name, x)
@@ -87,39 +103,10 @@ class TracerProgramState:
         else:
             self.nodes.append(SglConstantText(str(x)))
 
-    def _role(self, name: str, expr: Any = None):
-        if expr is not None:
-            self._record(SglExprList([SglRoleBegin(name), expr if isinstance(expr, SglExpr) else
-                                      SglConstantText(str(expr)), SglRoleEnd(name)]))
-            return None
-
-        @contextmanager
-        def scope() -> Iterator[None]:
-            self._record(SglRoleBegin(name))
-            yield
-            self._record(SglRoleEnd(name))
-
-        return scope()
-
-    def system(self, expr: Any = None):
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        self._record(SglVarScopeBegin(name))
-        yield
-        self._record(SglVarScopeEnd(name))
-        self.variables[name] = SglVariable(name, None)
+    def _write(self, expr: SglExpr) -> None:
+        self._record(expr)
 
     def fork(self, size: int = 1, position_ids_offset: Any = None):
-        from sgl.lang.state import ProgramStateGroup
-
         if self.only_trace_prefix:
             raise StopTracing()
         self.nodes.append(SglFork(size))
@@ -193,14 +180,14 @@ class _TraceGroup:
                     self.src.variables[k] = [v]
 
 
-def _placeholders(program: "SglFunction", given: dict[str, Any]) -> dict[str, Any]:
+def _placeholders(program: Program, given: dict[str, Any]) -> dict[str, Any]:
     args: dict[str, Any] = {n: SglArgument(n) for n in program.arg_names if n not in given}
     args.update(given)
     args.update(program.bind_arguments)
     return args
 
 
-def trace_program(program: "SglFunction", arguments: dict[str, Any], backend: Any) -> TracerProgramState:
+def trace_program(program: Program, arguments: dict[str, Any], backend: Any) -> TracerProgramState:
     from sgl.lang.backends import as_backend
 
     backend = as_backend(backend) if backend is not None else None
@@ -211,7 +198,7 @@ def trace_program(program: "SglFunction", arguments: dict[str, Any], backend: An
     return tracer
 
 
-def extract_prefix_by_tracing(program: "SglFunction", backend: Any) -> str:
+def extract_prefix_by_tracing(program: Program, backend: Any) -> str:
     """Constant text the program writes before anything that depends on arguments or the model."""
     args = _placeholders(program, {})
     tracer = TracerProgramState(backend, args, only_trace_prefix=True)

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sgl.runtime.request import SamplingParams
+from sgl.runtime.sampling_params import SamplingParams
 from sgl.runtime.scheduler.req import ReqOutput
 
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from fastapi import Request
 
-from sgl.runtime.request import SamplingParams
+from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.sampling_params import ALIASES, SamplingParams
 from sgl.server.errors import APIError, ClientDisconnected, bad_request
 from sgl.server.metrics import Metrics
 from sgl.server.sse import await_or_disconnect
@@ -159,8 +160,9 @@ class EngineClient:
             sp = SamplingParams.from_dict(d)
         except (ValueError, TypeError) as e:
             raise bad_request(f"{param}: {e}" if param else str(e), param or None) from None
-        if "sampling_seed" in d:
-            d["seed"] = d.pop("sampling_seed")
+        for alias, name in ALIASES.items():
+            if alias in d:
+                d.setdefault(name, d.pop(alias))
         if sp.seed is not None:
             d["seed"] = sp.seed % _SEED_MOD  # any int is a fine seed; keep it in int64 range
         if sp.top_k > self.vocab_size:
@@ -173,8 +175,9 @@ class EngineClient:
             check_regex(sp.regex, _sub(param, "regex"))
         if sp.json_schema is not None:
             check_json_schema(sp.json_schema, _sub(param, "json_schema"))
-        for k in ("ebnf", "lark"):
-            if getattr(sp, k) is not None and not getattr(sp, k).strip():
+        for k in CONSTRAINT_KINDS:  # a blank spec of any string kind is a client mistake
+            spec = getattr(sp, k)
+            if isinstance(spec, str) and not spec.strip():
                 raise bad_request(f"{_sub(param, k)} must not be empty", _sub(param, k))
         return d
 

@@ -20,11 +20,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.sampling_params import FIELD_NAMES
 from sgl.server.access_log import note_usage
 from sgl.server.engine_client import (EngineClient, GenInput, abort_message, finish_of, meta_of, new_rid,
                                      split_n)
 from sgl.server.errors import APIError, bad_request, error_body
-from sgl.server.openai_protocol import CompletionRequest, ResponseFormat, _Sampling
+from sgl.server.openai_protocol import OPENAI_NAMES, CompletionRequest, ResponseFormat, _Sampling
 from sgl.server.sse import DONE, guarded_stream, merge_streams, sse
 
 router = APIRouter(prefix="/v1")
@@ -66,20 +68,14 @@ def _response_format_schema(rf: ResponseFormat | None) -> str | None:
 def sampling_from(req: _Sampling, client: EngineClient, max_new_tokens: int, json_schema: str | None) -> dict[str, Any]:
     if req.logit_bias:
         raise bad_request("logit_bias is not supported", "logit_bias")
-    d: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens, "n": req.n,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": req.top_p, "stop": req.stop, "seed": req.seed,
-        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-        "top_k": req.top_k, "min_p": req.min_p, "repetition_penalty": req.repetition_penalty,
-        "min_new_tokens": req.min_tokens, "ignore_eos": req.ignore_eos,
-        "skip_special_tokens": req.skip_special_tokens, "stop_token_ids": req.stop_token_ids,
-        "no_stop_trim": req.no_stop_trim, "regex": req.regex, "json_schema": req.json_schema, "ebnf": req.ebnf,
-    }
+    declared = type(req).model_fields
+    d: dict[str, Any] = {name: getattr(req, OPENAI_NAMES.get(name, name)) for name in FIELD_NAMES
+                         if OPENAI_NAMES.get(name, name) in declared}
+    d["max_new_tokens"] = max_new_tokens  # the endpoint's pick of max_tokens / max_completion_tokens / default
     if json_schema is not None:
-        if req.regex or req.json_schema or req.ebnf:
-            raise bad_request("response_format/tools cannot be combined with regex, json_schema or ebnf",
-                              "response_format")
+        given_kinds = [k for k in CONSTRAINT_KINDS if d.get(k) is not None]
+        if given_kinds:
+            raise bad_request(f"response_format/tools cannot be combined with {given_kinds[0]}", "response_format")
         d["json_schema"] = json_schema
     if d["min_new_tokens"] is not None and d["min_new_tokens"] > max_new_tokens:
         raise bad_request(f"min_tokens ({d['min_new_tokens']}) must be <= max_tokens ({max_new_tokens})",

@@ -3,16 +3,17 @@
 Only requests are modelled; responses are built as plain dicts in `openai_api`. Models
 ignore unknown fields, as OpenAI clients send new ones all the time. Bounds that OpenAI
 documents are declared here, so violations become 400s naming the field. SGLang's
-extensions (top_k, min_p, regex, json_schema, ebnf, ...) are accepted too.
+extensions (top_k, min_p, regex, json_schema, ebnf, ...) are accepted too: every
+SamplingParams field, derived from its declaration.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-MAX_N = 64
+from sgl.runtime.sampling_params import FIELD_NAMES, MAX_N
 
 
 class StreamOptions(BaseModel):
@@ -34,8 +35,8 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaSpec | None = None
 
 
-class _Sampling(BaseModel):
-    """Sampling fields shared by completions and chat (OpenAI names plus SGLang extras)."""
+class _OpenAISampling(BaseModel):
+    """OpenAI's own sampling fields, with the bounds OpenAI documents (shared by completions and chat)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -51,19 +52,22 @@ class _Sampling(BaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # SGLang extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = Field(None, ge=0)
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    stop_token_ids: list[int] | None = None
-    no_stop_trim: bool | None = None
-    regex: str | None = None
-    json_schema: str | None = None
-    ebnf: str | None = None
+    min_tokens: int | None = Field(None, ge=0)  # vLLM's name, not OpenAI's, but the renamed kind
     rid: str | None = None
+
+
+# OpenAI's spelling of a SamplingParams field where it differs; max_tokens is read by each
+# endpoint (its default and max_completion_tokens differ), so only the mapping lives here.
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+# Every other SamplingParams field is an SGLang extension under its own name. Values are
+# checked by SamplingParams (as on /generate), not by pydantic, so both APIs agree.
+_Sampling = create_model(
+    "_Sampling", __base__=_OpenAISampling,
+    **{name: (Any, Field(None, description=f"SGLang sampling parameter {name} (see SamplingParams)"))
+       for name in FIELD_NAMES
+       if name not in OPENAI_NAMES and name not in _OpenAISampling.model_fields},  # type: ignore[call-overload]
+)
 
 
 class CompletionRequest(_Sampling):

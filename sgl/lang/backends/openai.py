@@ -14,9 +14,11 @@ from typing import Any, Iterator
 
 from sgl.lang.backends.base import Backend, BackendError
 from sgl.lang.chat_template import CHATML_TEMPLATE, ChatTemplate
+from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.sampling_params import SamplingParams
 
 _TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>\n", re.S)
-_UNSUPPORTED = ("regex", "json_schema", "ebnf", "lark", "stop_regex", "min_new_tokens")
+_UNSUPPORTED = (*CONSTRAINT_KINDS, "stop_regex", "min_new_tokens")
 _COMPLETION_HINTS = ("instruct", "davinci", "babbage")
 
 
@@ -52,7 +54,7 @@ class OpenAI(Backend):
         bad = [k for k in _UNSUPPORTED if sp.get(k)]
         if bad:
             raise BackendError(f"the OpenAI backend cannot apply {bad}; use sgl.Engine or sgl.RuntimeEndpoint")
-        kw: dict[str, Any] = {"max_tokens": sp.get("max_new_tokens", 128)}
+        kw: dict[str, Any] = {"max_tokens": sp.get("max_new_tokens", SamplingParams.max_new_tokens)}
         for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("n", "n"), ("seed", "seed"),
                              ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty")):
             if sp.get(ours) is not None:

@@ -2,16 +2,29 @@
 
 The scheduler needs only `compile_grammar` / `GrammarCompiler` (registry), the `Grammar`
 protocol (base) and `apply_masks` (masks); users and benchmarks use `GrammarMatcher`.
-Backends (outlines-core, lark) are imported lazily by the registry.
+Backends (outlines-core, lark) are imported lazily by the registry. The names below are
+resolved on first use too, so that `constrained.kinds` (the constraint kinds, read by the
+torch-free DSL) can be imported without pulling in torch.
 """
 
 from __future__ import annotations
 
-from .base import Grammar, GrammarError
-from .masks import allocate_masks, apply_masks, fill_masks
-from .matcher import GrammarMatcher
-from .registry import KINDS, GrammarCompiler, compile_grammar
-from .vocab import TokenizerInfo
+import importlib
+from typing import Any
 
-__all__ = ["Grammar", "GrammarError", "GrammarMatcher", "GrammarCompiler", "KINDS", "TokenizerInfo",
-           "allocate_masks", "apply_masks", "compile_grammar", "fill_masks"]
+_EXPORTS = {
+    "Grammar": "base", "GrammarError": "base", "GrammarMatcher": "matcher", "GrammarCompiler": "registry",
+    "KINDS": "registry", "TokenizerInfo": "vocab", "allocate_masks": "masks", "apply_masks": "masks",
+    "compile_grammar": "registry", "fill_masks": "masks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -28,9 +28,9 @@ from typing import Any
 from ..config import env_flag
 from .base import Grammar, GrammarError
 from .cache import DiskCache, LRUCache, cache_key
+from .kinds import CONSTRAINT_KINDS as KINDS
 from .vocab import TokenizerInfo
 
-KINDS = ("regex", "json_schema", "choices", "ebnf", "lark")
 _INDEX_KINDS = ("regex", "json_schema", "choices")
 
 _memory = LRUCache(int(os.environ.get("SGL_GRAMMAR_CACHE_ENTRIES", "256")))

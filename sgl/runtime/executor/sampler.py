@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl.runtime.request import SamplingParams
+from sgl.runtime.sampling_params import SamplingParams
 
 
 @dataclass

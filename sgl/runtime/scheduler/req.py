@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sgl.runtime.request import SamplingParams
+from sgl.runtime.sampling_params import SamplingParams
 
 
 @dataclass

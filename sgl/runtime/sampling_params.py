@@ -1,15 +1,27 @@
-"""Per-request plain data: sampling parameters (validated), finish reasons.
+"""The one declaration of every sampling parameter: `SamplingParams` (validated plain data).
 
-Field names follow SGLang's `sampling_params` so that a dict sent to SGLang works here.
+Field names follow SGLang's `sampling_params`, so a dict sent to SGLang works here.
+Everything else is derived from these fields: the keys `sgl.gen` and `run()` accept,
+what the interpreter sends, the native `/generate` validation, and the OpenAI request
+models (which add only their renames, e.g. `max_tokens`). The constraint fields are the
+grammar layer's kinds (constrained/kinds.py). This module must stay free of torch: the
+DSL imports it.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+
 # Largest n we accept; larger values are almost always a client bug and would pin KV.
 MAX_N = 64
+
+# SGLang's other spellings of our fields.
+ALIASES = {"sampling_seed": "seed"}
 
 
 @dataclass
@@ -32,7 +44,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
-    # Constraints: at most one of these may be set.
+    # Constraints (CONSTRAINT_KINDS): at most one of these may be set.
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
@@ -43,21 +55,18 @@ class SamplingParams:
     def from_dict(d: dict[str, Any] | None) -> "SamplingParams":
         """Build from a user dict, rejecting unknown keys and bad values with ValueError."""
         d = dict(d or {})
-        if "sampling_seed" in d:  # SGLang's name for the seed
-            d.setdefault("seed", d.pop("sampling_seed"))
-        known = {f.name for f in fields(SamplingParams)}
-        unknown = sorted(set(d) - known)
+        for alias, name in ALIASES.items():
+            if alias in d:
+                d.setdefault(name, d.pop(alias))
+        unknown = sorted(set(d) - set(FIELD_NAMES))
         if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
-        if isinstance(d.get("stop"), str):
-            d["stop"] = [d["stop"]]
-        if isinstance(d.get("stop_regex"), str):
-            d["stop_regex"] = [d["stop_regex"]]
+            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(FIELD_NAMES)}")
+        for k in ("stop", "stop_regex"):
+            if isinstance(d.get(k), str):
+                d[k] = [d[k]]
         if isinstance(d.get("json_schema"), dict):
-            import json
-
             d["json_schema"] = json.dumps(d["json_schema"])
-        d = {k: v for k, v in d.items() if v is not None or k in ("seed",)}
+        d = {k: v for k, v in d.items() if v is not None}
         p = SamplingParams(**d)
         p.validate()
         return p
@@ -90,6 +99,9 @@ class SamplingParams:
             need(is_num(val) and -2 <= val <= 2, f"{name} must be in [-2, 2], got {val!r}")
         need(is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
              f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
+        for name in _BOOL_FIELDS:
+            val = getattr(self, name)
+            need(isinstance(val, bool), f"{name} must be true or false, got {val!r}")
         need(is_int(self.n) and 1 <= self.n <= MAX_N, f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         need(self.seed is None or is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
@@ -99,34 +111,34 @@ class SamplingParams:
         need(isinstance(self.stop_regex, list) and all(isinstance(s, str) and s for s in self.stop_regex),
              "stop_regex must be a string or a list of strings")
         for pattern in self.stop_regex:
-            import re
-
             try:
                 re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {e}") from None
-        set_constraints = [k for k in ("regex", "json_schema", "ebnf", "lark", "choices") if getattr(self, k) is not None]
+        set_constraints = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
         need(len(set_constraints) <= 1, f"at most one constraint may be set, got {set_constraints}")
-        for k in ("regex", "json_schema", "ebnf", "lark"):
+        for k in CONSTRAINT_KINDS:
             val = getattr(self, k)
-            need(val is None or isinstance(val, str), f"{k} must be a string, got {type(val).__name__}")
-        if self.choices is not None:
-            need(isinstance(self.choices, list) and len(self.choices) > 0
-                 and all(isinstance(c, str) for c in self.choices), "choices must be a non-empty list of strings")
+            if k == "choices":
+                need(val is None or (isinstance(val, list) and len(val) > 0 and all(isinstance(c, str) for c in val)),
+                     "choices must be a non-empty list of strings")
+            else:
+                need(val is None or isinstance(val, str), f"{k} must be a string, got {type(val).__name__}")
 
     @property
     def constraint(self) -> tuple[str, str] | None:
-        """(kind, spec) of the request's constraint, or None."""
-        for k in ("regex", "json_schema", "ebnf", "lark"):
+        """(kind, spec) of the request's constraint, or None; a choices list is sent as its JSON text."""
+        for k in CONSTRAINT_KINDS:
             val = getattr(self, k)
             if val is not None:
-                return (k, val)
-        if self.choices is not None:
-            import json
-
-            return ("choices", json.dumps(self.choices))
+                return (k, json.dumps(val) if k == "choices" else val)
         return None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
+# Annotations are strings here (postponed evaluation), hence the comparison with "bool".
+_BOOL_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.type == "bool")
