@@ -67,7 +67,7 @@ class Engine:
         pool = KVPool(num_tokens + 1, mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, device)
         attn = create_attention_backend(cfg.attention_backend, pool, device)
         kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(num_tokens + 1),
-                     ReqToTokenPool(cfg.max_running_requests + 8, self.context_length, device))
+                     ReqToTokenPool(cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK, self.context_length, device))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 schedule_policy=cfg.schedule_policy,

@@ -1,5 +1,6 @@
 """Output processing: append a sampled token, advance the grammar, detokenize, check
-stop conditions, jump forward over grammar-forced strings, and build meta_info.
+stop conditions, jump forward over grammar-forced strings (one routine, at the start of
+a grammar and after each sampled token), record prompt logprobs, build meta_info.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import re
 import time
 from typing import Any
 
+from sgl.runtime.executor.plan import PlanRow, RowResult
 from sgl.runtime.scheduler.req import Req, ReqOutput
 
 REPLACEMENT = "\ufffd"  # a partial UTF-8 sequence decodes to this; hold it back when streaming
@@ -77,23 +79,25 @@ class OutputProcessor:
             req.finish_reason = {"type": "stop", "matched": matched}
 
     def jump_forward(self, req: Req) -> None:
-        """Append the string the grammar forces, retokenized together with the last
-        sampled token so the model sees canonical tokens; the next step extends the KV
-        over all of them in one forward pass."""
-        forced = req.grammar.jump_forward_string()
+        """Append the string the grammar forces. After a sampled token, that token is
+        retokenized together with the forced text so the model sees canonical tokens
+        (the next step extends the KV over all of them in one forward pass); before any
+        output (a fresh grammar) the forced text alone is tokenized."""
+        g = req.grammar
+        forced = g.jump_forward_string()
         if not forced:
             return
-        last = req.output_ids[-1]
-        last_text = self.tokenizer.decode([last])
-        if REPLACEMENT in last_text:
+        out = req.output_ids
+        head_ids = out[-1:]  # the last sampled token, if any
+        head = self.tokenizer.decode(head_ids) if head_ids else ""
+        if REPLACEMENT in head:
             return
-        new_ids = self.tokenizer.encode(last_text + forced, add_special_tokens=False)
-        budget = req.params.max_new_tokens - len(req.output_ids) + 1
-        if len(new_ids) <= 1 or self.tokenizer.decode(new_ids) != last_text + forced:
+        new_ids = self.tokenizer.encode(head + forced, add_special_tokens=False)
+        if len(new_ids) <= len(head_ids) or self.tokenizer.decode(new_ids) != head + forced:
             return
-        new_ids = new_ids[:budget]
-        g = req.grammar
-        g.rollback(1)
+        start = len(out) - len(head_ids)  # output_ids[start:] is replaced by new_ids
+        new_ids = new_ids[: req.params.max_new_tokens - start]
+        g.rollback(len(head_ids))
         accepted = 0
         try:
             for t in new_ids:
@@ -101,17 +105,31 @@ class OutputProcessor:
                 accepted += 1
         except ValueError:
             g.rollback(accepted)
-            g.accept_token(last)
+            for t in head_ids:
+                g.accept_token(t)
             return
-        req.output_ids[-1:] = new_ids
+        out[start:] = new_ids
         if req.return_logprob:  # forced tokens carry no sampled logprob
-            req.output_logprobs[-1:] = [(float("nan"), t) for t in new_ids]
-            req.output_top_logprobs[-1:] = [None] * len(new_ids)
-        req.jump_forward_tokens += len(new_ids) - 1
-        if g.is_terminated():
+            req.output_logprobs[start:] = [(float("nan"), t) for t in new_ids]
+            req.output_top_logprobs[start:] = [None] * len(new_ids)
+        req.jump_forward_tokens += len(new_ids) - len(head_ids)
+        if g.is_terminated():  # the forced text completes the grammar: no forward needed
             req.finish_reason = {"type": "stop", "matched": new_ids[-1]}
-        elif len(req.output_ids) >= req.params.max_new_tokens:
+        elif len(out) >= req.params.max_new_tokens:
             req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
+
+    @staticmethod
+    def record_prompt_logprobs(req: Req, row: PlanRow, res: RowResult) -> None:
+        """Prompt logprobs of one step's rows (the executor computed them); the first
+        prompt token has none, and is recorded as (None, id) when the range starts there."""
+        if not req.wants_input_logprobs:
+            return
+        c0 = row.prefix_len
+        if c0 <= req.first_logprob_row() < c0 + row.extend_len and req.logprob_start_len == 0:
+            req.input_logprobs.append((None, req.input_ids[0]))
+            req.input_top_logprobs.append(None)
+        req.input_logprobs.extend(zip(res.prompt_logprobs, row.prompt_lp_next_ids))
+        req.input_top_logprobs.extend(res.prompt_top_logprobs)
 
     def make_output(self, req: Req) -> ReqOutput:
         finished = req.finished

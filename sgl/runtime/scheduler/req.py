@@ -43,7 +43,8 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     grammar: Any = None  # a Grammar (sgl.runtime.constrained.base), or None
     grammar_future: Any = None  # concurrent.futures.Future while compiling
-    generator: Any = None  # torch.Generator for seeded sampling
+    seed: int | None = None  # sampling seed (resolved at admission for non-greedy requests)
+    uid: int = -1  # unique per scheduler; names the request's state on the executor side
 
     # KV state (see module docstring)
     req_pool_idx: int | None = None
