@@ -1,6 +1,7 @@
-"""Output processing: append a sampled token, advance the grammar, detokenize, check
-stop conditions, jump forward over grammar-forced strings (one routine, at the start of
-a grammar and after each sampled token), record prompt logprobs, build meta_info.
+"""Output processing: append a sampled token, advance the grammar, detokenize
+(incrementally: scheduler/detokenize.py), check stop conditions, jump forward over
+grammar-forced strings (one routine, at the start of a grammar and after each sampled
+token), record prompt logprobs, build meta_info.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ import time
 from typing import Any
 
 from sgl.runtime.executor.plan import PlanRow, RowResult
+from sgl.runtime.scheduler.detokenize import REPLACEMENT
 from sgl.runtime.scheduler.req import Req, ReqOutput
-
-REPLACEMENT = "\ufffd"  # a partial UTF-8 sequence decodes to this; hold it back when streaming
 
 
 class OutputProcessor:
@@ -21,9 +21,14 @@ class OutputProcessor:
         self.eos_ids = eos_ids
         self.enable_jump_forward = enable_jump_forward
 
+    def detokenize(self, req: Req) -> None:
+        """Bring req.detok up to the output ids (O(1) per new token)."""
+        req.detok.update(self.tokenizer, req.output_ids, req.params.skip_special_tokens)
+
     def decode(self, req: Req) -> str:
-        p = req.params
-        return self.tokenizer.decode(req.output_ids, skip_special_tokens=p.skip_special_tokens)
+        """The text of all output ids (partial UTF-8 at the end shows as U+FFFD)."""
+        self.detokenize(req)
+        return req.detok.text()
 
     def append_token(self, req: Req, token: int, logprob: float | None,
                      top: list[tuple[float, int]] | None) -> None:
@@ -50,7 +55,9 @@ class OutputProcessor:
         elif req.grammar is not None and req.grammar.is_terminated():
             req.finish_reason = {"type": "stop", "matched": token}
         if req.finish_reason is None and (p.stop or p.stop_regex or req.stream):
-            req.text = self.decode(req)
+            self.detokenize(req)
+            if req.stream:  # a stream output carries the whole text; stop checks need only its end
+                req.text = req.detok.text()
             if past_min:
                 self._check_stop_strings(req)
         if req.finish_reason is None and n_out >= p.max_new_tokens:
@@ -59,22 +66,25 @@ class OutputProcessor:
             self.jump_forward(req)
 
     def _check_stop_strings(self, req: Req) -> None:
+        """Scan the text added since the last check (plus the longest stop string's
+        length before it, for matches that straddle tokens); offsets are in the text."""
         p = req.params
-        text = req.text
         longest = max([len(s) for s in p.stop] + [0])
         scan_from = max(0, req.stop_check_from - longest)
+        recent = req.detok.text_from(scan_from)
         best: tuple[int, int, str] | None = None  # (start, end, matched)
         for s in p.stop:
-            k = text.find(s, scan_from)
-            if k >= 0 and (best is None or k < best[0]):
-                best = (k, k + len(s), s)
+            k = recent.find(s)
+            if k >= 0 and (best is None or scan_from + k < best[0]):
+                best = (scan_from + k, scan_from + k + len(s), s)
         for pattern in p.stop_regex:
-            m = re.search(pattern, text[scan_from:])
+            m = re.search(pattern, recent)
             if m and (best is None or scan_from + m.start() < best[0]):
                 best = (scan_from + m.start(), scan_from + m.end(), m.group(0))
-        req.stop_check_from = len(text)
+        req.stop_check_from = len(req.detok)
         if best is not None:
             start, end, matched = best
+            text = req.detok.text()
             req.text = text[:end] if p.no_stop_trim else text[:start]
             req.finish_reason = {"type": "stop", "matched": matched}
 

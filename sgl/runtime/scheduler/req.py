@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sgl.runtime.request import SamplingParams
+from sgl.runtime.scheduler.detokenize import DecodeState
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Req:
     finish_reason: dict[str, Any] | None = None
     text: str = ""
     stop_check_from: int = 0  # text offset where the stop-string scan resumes
+    detok: DecodeState = field(default_factory=DecodeState)  # incremental detokenization of output_ids
     created_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 
