@@ -1,5 +1,7 @@
-"""Scheduler tests with a fake model runner: batching, chunking, prefix sharing,
-eviction and retraction under memory pressure, aborts — and no KV slot ever lost."""
+"""Scheduler tests with a fake executor that answers token ids (and, for the executor
+seam, the real executor over a fake model runner's logits): batching, chunking, prefix
+sharing, eviction and retraction under memory pressure, aborts, stop conditions,
+jump-forward, a plan and result of plain data — and no KV slot ever lost."""
 
 from __future__ import annotations
 
