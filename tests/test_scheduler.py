@@ -1,29 +1,44 @@
-"""Scheduler tests with a fake model runner: batching, chunking, prefix sharing,
-eviction and retraction under memory pressure, aborts — and no KV slot ever lost."""
+"""Scheduler tests with a fake executor that answers token ids (and, for the executor
+seam, the real executor over a fake model runner's logits): batching, chunking, prefix
+sharing, eviction and retraction under memory pressure, aborts, stop conditions,
+jump-forward, a plan and result of plain data — and no KV slot ever lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 from sgl.radix import RadixTree
+from sgl.runtime.executor.plan import StepPlan, StepResult
 from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
 from sgl.runtime.sampling_params import SamplingParams
 from sgl.runtime.scheduler.kv_cache import KVCache
 from sgl.runtime.scheduler.req import Req, ReqOutput
 from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
-from tests.fakes import EOS, CharTokenizer, FakeRunner, expected_output
+from tests.fakes import EOS, CharTokenizer, FakeExecutor, FakeRunner, expected_output, next_token
+
+# "fake": the scheduler against FakeExecutor (token ids, no logits); "runner": the real
+# executor (ForwardBatch, sampler, prompt logprobs) over FakeRunner's logits.
+EXECUTORS = ["fake", "runner"]
 
 
 def make(num_slots: int = 4096, disable: bool = False, policy: str = "lpm", chunk: int = 2048,
-         max_running: int = 64, mixed: bool = False) -> tuple[Scheduler, FakeRunner]:
-    runner = FakeRunner()
-    kv = KVCache(RadixTree(disable=disable), SlotAllocator(num_slots), ReqToTokenPool(max_running + 8, 1024))
+         max_running: int = 64, mixed: bool = False, executor: str = "fake",
+         grammar_compiler: Any = None) -> tuple[Scheduler, FakeExecutor | FakeRunner]:
+    kv = KVCache(RadixTree(disable=disable), SlotAllocator(num_slots),
+                 ReqToTokenPool(max_running + Scheduler.REQ_TABLE_SLACK, 1024))
     cfg = SchedulerConfig(schedule_policy=policy, chunked_prefill_size=chunk, max_prefill_tokens=max(chunk, 512),
                           max_running_requests=max_running, check_invariants_when_idle=True,
                           enable_mixed_chunk=mixed)
-    return Scheduler(cfg, runner, kv, CharTokenizer(), {EOS}), runner
+    if executor == "runner":
+        runner = FakeRunner()
+        return Scheduler(cfg, runner, kv, CharTokenizer(), {EOS}, grammar_compiler), runner
+    fake = FakeExecutor(kv.req_to_token.table)
+    return Scheduler(cfg, None, kv, CharTokenizer(), {EOS}, grammar_compiler, executor=fake), fake
 
 
 def submit(s: Scheduler, rid: str, prompt: list[int], max_new: int, results: dict, **params) -> Req:
@@ -48,8 +63,9 @@ def assert_all_free(s: Scheduler) -> None:
     assert s.kv.req_to_token.num_free == s.kv.req_to_token.max_reqs
 
 
-def test_requests_finish_with_expected_tokens() -> None:
-    s, _ = make()
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_requests_finish_with_expected_tokens(executor: str) -> None:
+    s, _ = make(executor=executor)
     rng = random.Random(0)
     results: dict[str, ReqOutput] = {}
     prompts = {f"r{i}": [rng.randrange(3, 60) for _ in range(rng.randrange(1, 40))] for i in range(20)}
@@ -63,8 +79,9 @@ def test_requests_finish_with_expected_tokens() -> None:
     assert_all_free(s)
 
 
-def test_memory_pressure_evicts_and_retracts_yet_all_finish() -> None:
-    s, _ = make(num_slots=160, max_running=16)
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_memory_pressure_evicts_and_retracts_yet_all_finish(executor: str) -> None:
+    s, _ = make(num_slots=160, max_running=16, executor=executor)
     rng = random.Random(1)
     results: dict[str, ReqOutput] = {}
     prompts = {f"r{i}": [rng.randrange(3, 60) for _ in range(30)] for i in range(10)}
@@ -114,10 +131,11 @@ def test_disabled_radix_cache_recomputes_but_matches() -> None:
     assert s.kv.allocator.num_free == s.kv.allocator.capacity
 
 
-def test_chunked_prefill_gives_same_output_and_prompt_logprobs() -> None:
-    s, runner = make(chunk=16)
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_chunked_prefill_gives_same_output_and_prompt_logprobs(executor: str) -> None:
+    s, runner = make(chunk=16, executor=executor)
     results: dict[str, ReqOutput] = {}
-    prompt = [3 + (i * 5) % 50 for i in range(100)]
+    prompt = [5] + expected_output([5], 59) + [3 + (i * 5) % 50 for i in range(40)]  # 59 predictable, 40 not
     p = SamplingParams.from_dict({"max_new_tokens": 5, "temperature": 0})
     s.submit(Req(rid="c", input_ids=prompt, params=p, return_logprob=True, logprob_start_len=0,
                  on_output=lambda o: results.__setitem__(o.rid, o)))
@@ -127,6 +145,9 @@ def test_chunked_prefill_gives_same_output_and_prompt_logprobs() -> None:
     lps = out.meta_info["input_token_logprobs"]
     assert len(lps) == 100 and lps[0][0] is None
     assert [t for _, t, _ in lps] == prompt
+    if executor == "fake":  # each position scored once, against the right prompt token, across chunks
+        assert [lp for lp, _, _ in lps[1:]] == [0.0 if prompt[k] == next_token(prompt[k - 1], k - 1) else -1.0
+                                                for k in range(1, 100)]
     assert max(b.num_tokens for b in runner.batches) <= 16
 
 
@@ -181,9 +202,10 @@ def test_policies_finish_everything(policy: str) -> None:
     assert_all_free(s)
 
 
+@pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("num_slots", [4096, 200])
-def test_mixed_chunk_decodes_during_prefill(num_slots: int) -> None:
-    s, runner = make(num_slots=num_slots, chunk=16, mixed=True, max_running=8)
+def test_mixed_chunk_decodes_during_prefill(num_slots: int, executor: str) -> None:
+    s, runner = make(num_slots=num_slots, chunk=16, mixed=True, max_running=8, executor=executor)
     results: dict[str, ReqOutput] = {}
     rng = random.Random(3)
     prompts = {f"m{i}": [rng.randrange(3, 60) for _ in range(rng.randrange(5, 60))] for i in range(8)}
@@ -195,4 +217,136 @@ def test_mixed_chunk_decodes_during_prefill(num_slots: int) -> None:
     if num_slots == 4096:  # with room to spare some step must carry both kinds of rows
         assert any(1 in b.extend_lens_cpu and max(b.extend_lens_cpu) > 1 and b.prefix_lens_cpu[
             b.extend_lens_cpu.index(1)] > 0 for b in runner.batches)
+    assert_all_free(s)
+
+
+def assert_plain(x: Any, path: str = "plan") -> None:
+    """Only ints, floats, strings, lists, tuples and dataclasses of them (the grammar aside)."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return
+    if isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            assert_plain(v, f"{path}[{i}]")
+        return
+    assert dataclasses.is_dataclass(x), f"{path} is a {type(x).__name__}, not plain data"
+    for f in dataclasses.fields(x):
+        if f.name != "grammar":  # the documented in-process exception
+            assert_plain(getattr(x, f.name), f"{path}.{f.name}")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_plan_and_result_are_plain_data(executor: str) -> None:
+    s, _ = make(chunk=16, executor=executor)
+    seen: list[tuple[StepPlan, StepResult]] = []
+    inner = s.executor.execute
+
+    def spy(plan: StepPlan) -> StepResult:
+        res = inner(plan)
+        seen.append((plan, res))
+        return res
+
+    s.executor.execute = spy  # type: ignore[method-assign]
+    results: dict[str, ReqOutput] = {}
+    prompt = [3 + i % 50 for i in range(40)]
+    s.submit(Req(rid="lp", input_ids=prompt, params=SamplingParams.from_dict({"max_new_tokens": 4, "temperature": 0}),
+                 return_logprob=True, logprob_start_len=0, top_logprobs_num=2,
+                 on_output=lambda o: results.__setitem__(o.rid, o)))
+    submit(s, "pen", prompt[:7], 4, results, temperature=0.7, seed=5, frequency_penalty=0.5, min_new_tokens=2)
+    run_all(s)
+    assert len(results) == 2 and len(seen) >= 4
+    for plan, res in seen:
+        assert_plain(plan)
+        assert_plain(res, "result")
+        assert len(res.rows) == len(plan.rows)
+    rows = [r for plan, _ in seen for r in plan.rows if r.sample is not None]
+    assert any(r.sample.penalty_output_ids is not None and r.sample.banned == [EOS] for r in rows)
+    assert any(r.prompt_lp_next_ids for plan, _ in seen for r in plan.rows)
+    # finished requests are released to the executor exactly once
+    released = [u for plan, _ in seen for u in plan.released_uids] + s._released
+    assert sorted(released) == [0, 1]
+
+
+class Scripted:
+    """An executor that answers every sampled row with the next id of a script."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = iter(ids)
+        self.plans: list[StepPlan] = []
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.plans.append(plan)
+        return StepResult.of_tokens([next(self.ids) if r.sample is not None else -1 for r in plan.rows])
+
+
+def test_update_appends_the_token_ids_it_is_given() -> None:
+    s, _ = make()
+    ex = s.executor = Scripted([40, 41, EOS, 42, EOS, 43])
+    results: dict[str, ReqOutput] = {}
+    submit(s, "a", [5, 6, 7], 10, results, min_new_tokens=4)  # the first EOS is too early to stop
+    run_all(s)
+    out = results["a"]
+    assert out.output_ids == [40, 41, EOS, 42, EOS]
+    assert out.meta_info["finish_reason"] == {"type": "stop", "matched": EOS}
+    banned = [p.rows[0].sample.banned for p in ex.plans]
+    assert banned == [[EOS], [EOS], [EOS], [EOS], None]
+    assert s.stats["generation_tokens_total"] == 5 and s.stats["num_forward_passes"] == 5
+    assert_all_free(s)
+
+
+class LiteralGrammar:
+    """`free` tokens of anything, then exactly the text `forced`, then the end: a grammar
+    whose jump-forward string is the rest of `forced`."""
+
+    def __init__(self, free: int, forced: str) -> None:
+        self.free, self.forced, self.hist = free, forced, []
+        self.tok = CharTokenizer()
+
+    def _text(self) -> str:
+        return self.tok.decode(self.hist[self.free:])
+
+    def fill_mask(self, mask_row: Any) -> None:
+        mask_row[:] = True
+
+    def accept_token(self, token_id: int) -> None:
+        if len(self.hist) >= self.free and not self.forced.startswith(self._text() + self.tok.decode([token_id])):
+            raise ValueError(f"token {token_id} leaves the literal")
+        self.hist.append(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        del self.hist[len(self.hist) - num_tokens:]
+
+    def is_terminated(self) -> bool:
+        return len(self.hist) >= self.free and self._text() == self.forced
+
+    def jump_forward_string(self) -> str | None:
+        return (self.forced[len(self._text()):] or None) if len(self.hist) >= self.free else None
+
+
+class LiteralCompiler:
+    def submit(self, kind: str, spec: str) -> Future:
+        fut: Future = Future()
+        free, forced = spec.split(":")
+        fut.set_result(LiteralGrammar(int(free), forced))
+        return fut
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_jump_forward_at_start_and_after_a_sampled_token(executor: str) -> None:
+    s, runner = make(executor=executor, grammar_compiler=LiteralCompiler())
+    tok = CharTokenizer()
+    results: dict[str, ReqOutput] = {}
+    submit(s, "start", [5, 6], 20, results, regex="0:xyzw").return_logprob = True
+    submit(s, "after", [5, 6], 20, results, regex="1:xyz")
+    submit(s, "short", [5, 6], 2, results, regex="1:xyz")  # the forced text is cut at max_new_tokens
+    run_all(s)
+    start, after, short = results["start"], results["after"], results["short"]
+    assert start.output_ids == tok.encode("xyzw") and start.meta_info["jump_forward_tokens"] == 4
+    assert start.meta_info["finish_reason"]["type"] == "stop"
+    assert [lp for lp, _, _ in start.meta_info["output_token_logprobs"]] == [None] * 4  # forced, not sampled
+    first = expected_output([5, 6], 1)[0]  # sampled, then retokenized with the forced text
+    assert after.output_ids == tok.encode(tok.decode([first]) + "xyz") and after.text == tok.decode([first]) + "xyz"
+    assert after.meta_info["jump_forward_tokens"] == 3 and after.meta_info["finish_reason"]["type"] == "stop"
+    assert short.output_ids == tok.encode(tok.decode([first]) + "x")
+    assert short.meta_info["finish_reason"] == {"type": "length", "length": 2}
+    assert s.stats["num_forward_passes"] == 1  # "start" never ran; the others finished on their first token
     assert_all_free(s)

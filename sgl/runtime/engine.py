@@ -33,10 +33,6 @@ log = logging.getLogger("sgl.engine")
 KV_TOKENS_CAP = 131072
 # How often a waiting caller checks that the scheduler thread is still alive.
 LIVENESS_POLL_S = 0.5
-# Slack rows in the request->token table beyond max_running_requests: a request keeps its
-# row from admission to finish, and requests being admitted or finishing in the same step
-# briefly hold rows past the running limit.
-REQ_TABLE_SLACK = 8
 
 
 class SchedulerCrashedError(RuntimeError):
@@ -88,7 +84,7 @@ class Engine:
         pool = KVPool(num_tokens + 1, mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, device)
         attn = create_attention_backend(cfg.attention_backend, pool, device)
         kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(num_tokens + 1),
-                     ReqToTokenPool(cfg.max_running_requests + REQ_TABLE_SLACK, self.context_length, device))
+                     ReqToTokenPool(cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK, self.context_length, device))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 schedule_policy=cfg.schedule_policy,

@@ -1,9 +1,10 @@
 """Batched mask application: one vectorized masked_fill over the constrained rows only.
 
-The sampler builds a bool mask [B, V] (True = allowed) by asking each constrained
-request's grammar to `fill_mask` its row, then calls `apply_masks` once. Rows that are
-not listed are untouched, so unconstrained requests pay nothing; if no row is
-constrained the logits are returned as they are.
+This is the executor's mask path: its sampler (runtime/executor/sampler.py) fills a
+reused bool buffer [B, V] (True = allowed) by asking each constrained row's grammar to
+`fill_mask` its row, then calls `apply_masks` once. Rows that are not listed are
+untouched, so unconstrained requests pay nothing; if no row is constrained the logits
+are returned as they are.
 """
 
 from __future__ import annotations

@@ -4,70 +4,57 @@ Order per row: penalties -> grammar mask -> min-token ban -> (greedy | temperatu
 top-k, top-p, min-p, sample). Logprobs reported to users come from the model's raw
 distribution (log-softmax of the unprocessed logits), like SGLang and the OpenAI API.
 Rows with a seed sample from their own generator so a seeded request is reproducible
-whatever batch it lands in.
+whatever batch it lands in. Grammar masks go through `constrained.masks` (one
+vectorized fill over the constrained rows only).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from sgl.runtime.constrained.masks import allocate_masks, apply_masks, fill_masks
+from sgl.runtime.executor.plan import RowResult, SampleSpec, TopLogprobs
 from sgl.runtime.sampling_params import SamplingParams
 
 
-@dataclass
-class SampleRow:
-    params: SamplingParams
-    output_ids: list[int]
-    prompt_ids: list[int]
-    generator: torch.Generator | None
-    mask: torch.Tensor | None = None  # bool [V], grammar's allowed tokens
-    banned: list[int] | None = None  # tokens forbidden now (eos/stop ids before min_new_tokens)
-    top_logprobs_num: int = 0
-    want_logprob: bool = False
-
-
-@dataclass
-class SampleResult:
-    token_ids: list[int]
-    logprobs: list[float | None]
-    top_logprobs: list[list[tuple[float, int]] | None]
-
-
-def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+def _apply_penalties(logits: torch.Tensor, rows: list[SampleSpec]) -> None:
     for i, r in enumerate(rows):
         p = r.params
         if p.frequency_penalty == 0 and p.presence_penalty == 0 and p.repetition_penalty == 1:
             continue
         row = logits[i]
-        if r.output_ids and (p.frequency_penalty != 0 or p.presence_penalty != 0):
-            ids = torch.tensor(r.output_ids, dtype=torch.int64)
+        output_ids = r.penalty_output_ids or []
+        if output_ids and (p.frequency_penalty != 0 or p.presence_penalty != 0):
+            ids = torch.tensor(output_ids, dtype=torch.int64)
             counts = torch.bincount(ids, minlength=row.shape[0]).to(row.dtype)[: row.shape[0]]
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
         if p.repetition_penalty != 1:
-            seen = torch.tensor(sorted(set(r.prompt_ids) | set(r.output_ids)), dtype=torch.int64)
+            seen = torch.tensor(sorted(set(r.penalty_prompt_ids or []) | set(output_ids)), dtype=torch.int64)
             if seen.numel():
                 vals = row[seen]
                 row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
 
 
-def _top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+def _top_logprobs(logprobs: torch.Tensor, k: int) -> TopLogprobs:
     vals, ids = torch.topk(logprobs, k)
     return [(float(v), int(t)) for v, t in zip(vals.tolist(), ids.tolist())]
 
 
 @torch.inference_mode()  # logits may be the model's own (inference) tensor: edited in place
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
-    """logits: float32 [len(rows), V] (modified in place)."""
+def sample(logits: torch.Tensor, rows: list[SampleSpec], generators: list[torch.Generator | None],
+           masks: torch.Tensor | None = None) -> list[RowResult]:
+    """logits: float32 [len(rows), V] (modified in place). `masks`: a reusable bool buffer
+    of at least [len(rows), V] for the grammar rows (allocated here when not given)."""
     n, vocab = logits.shape
     need_lp = [i for i, r in enumerate(rows) if r.want_logprob]
     raw_lp = torch.log_softmax(logits[need_lp], dim=-1) if need_lp else None
 
     _apply_penalties(logits, rows)
+    grammars = [r.grammar for r in rows]
+    if any(g is not None for g in grammars):
+        view = (masks if masks is not None else allocate_masks(n, vocab))[:n, :vocab]
+        apply_masks(logits, view, fill_masks(grammars, view))
     for i, r in enumerate(rows):
-        if r.mask is not None:
-            logits[i].masked_fill_(~r.mask[:vocab], float("-inf"))
         if r.banned:
             banned = [t for t in r.banned if t < vocab]
             saved = logits[i, banned].clone()
@@ -85,17 +72,15 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
         _filter_top_k_p_min_p(sub, [rows[i].params for i in sampled])
         probs = torch.softmax(sub, dim=-1)
         for j, i in enumerate(sampled):
-            out[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+            out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
 
-    ids = out.tolist()
-    lps: list[float | None] = [None] * n
-    tops: list[list[tuple[float, int]] | None] = [None] * n
+    res = [RowResult(token_id=t) for t in out.tolist()]
     if raw_lp is not None:
         for j, i in enumerate(need_lp):
-            lps[i] = float(raw_lp[j, ids[i]])
+            res[i].logprob = float(raw_lp[j, res[i].token_id])
             if rows[i].top_logprobs_num > 0:
-                tops[i] = _top_logprobs(raw_lp[j], rows[i].top_logprobs_num)
-    return SampleResult(token_ids=ids, logprobs=lps, top_logprobs=tops)
+                res[i].top_logprobs = _top_logprobs(raw_lp[j], rows[i].top_logprobs_num)
+    return res
 
 
 def _filter_top_k_p_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> None:
@@ -119,12 +104,12 @@ def _filter_top_k_p_min_p(logits: torch.Tensor, params: list[SamplingParams]) ->
 
 def prompt_logprobs(
     logits: torch.Tensor, next_ids: list[int], top_k: int
-) -> tuple[list[float], list[list[tuple[float, int]] | None]]:
+) -> tuple[list[float], list[TopLogprobs | None]]:
     """Logprob of next_ids[i] under logits row i (raw distribution), plus top-k lists."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     idx = torch.tensor(next_ids, dtype=torch.int64)
     picked = lp.gather(1, idx.unsqueeze(1)).squeeze(1).tolist()
-    tops: list[list[tuple[float, int]] | None] = [None] * len(next_ids)
+    tops: list[TopLogprobs | None] = [None] * len(next_ids)
     if top_k > 0:
         vals, ids = torch.topk(lp, top_k, dim=-1)
         tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]

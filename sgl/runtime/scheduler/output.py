@@ -1,5 +1,7 @@
-"""Output processing: append a sampled token, advance the grammar, detokenize, check
-stop conditions, jump forward over grammar-forced strings, and build meta_info.
+"""Output processing: append a sampled token, advance the grammar, detokenize
+(incrementally: scheduler/detokenize.py), check stop conditions, jump forward over
+grammar-forced strings (one routine, at the start of a grammar and after each sampled
+token), record prompt logprobs, build meta_info.
 """
 
 from __future__ import annotations
@@ -8,9 +10,9 @@ import re
 import time
 from typing import Any
 
+from sgl.runtime.executor.plan import PlanRow, RowResult
+from sgl.runtime.scheduler.detokenize import REPLACEMENT
 from sgl.runtime.scheduler.req import Req, ReqOutput
-
-REPLACEMENT = "\ufffd"  # a partial UTF-8 sequence decodes to this; hold it back when streaming
 
 
 class OutputProcessor:
@@ -19,9 +21,14 @@ class OutputProcessor:
         self.eos_ids = eos_ids
         self.enable_jump_forward = enable_jump_forward
 
+    def detokenize(self, req: Req) -> None:
+        """Bring req.detok up to the output ids (O(1) per new token)."""
+        req.detok.update(self.tokenizer, req.output_ids, req.params.skip_special_tokens)
+
     def decode(self, req: Req) -> str:
-        p = req.params
-        return self.tokenizer.decode(req.output_ids, skip_special_tokens=p.skip_special_tokens)
+        """The text of all output ids (partial UTF-8 at the end shows as U+FFFD)."""
+        self.detokenize(req)
+        return req.detok.text()
 
     def append_token(self, req: Req, token: int, logprob: float | None,
                      top: list[tuple[float, int]] | None) -> None:
@@ -48,7 +55,9 @@ class OutputProcessor:
         elif req.grammar is not None and req.grammar.is_terminated():
             req.finish_reason = {"type": "stop", "matched": token}
         if req.finish_reason is None and (p.stop or p.stop_regex or req.stream):
-            req.text = self.decode(req)
+            self.detokenize(req)
+            if req.stream:  # a stream output carries the whole text; stop checks need only its end
+                req.text = req.detok.text()
             if past_min:
                 self._check_stop_strings(req)
         if req.finish_reason is None and n_out >= p.max_new_tokens:
@@ -57,43 +66,48 @@ class OutputProcessor:
             self.jump_forward(req)
 
     def _check_stop_strings(self, req: Req) -> None:
+        """Scan the text added since the last check (plus the longest stop string's
+        length before it, for matches that straddle tokens); offsets are in the text."""
         p = req.params
-        text = req.text
         longest = max([len(s) for s in p.stop] + [0])
         scan_from = max(0, req.stop_check_from - longest)
+        recent = req.detok.text_from(scan_from)
         best: tuple[int, int, str] | None = None  # (start, end, matched)
         for s in p.stop:
-            k = text.find(s, scan_from)
-            if k >= 0 and (best is None or k < best[0]):
-                best = (k, k + len(s), s)
+            k = recent.find(s)
+            if k >= 0 and (best is None or scan_from + k < best[0]):
+                best = (scan_from + k, scan_from + k + len(s), s)
         for pattern in p.stop_regex:
-            m = re.search(pattern, text[scan_from:])
+            m = re.search(pattern, recent)
             if m and (best is None or scan_from + m.start() < best[0]):
                 best = (scan_from + m.start(), scan_from + m.end(), m.group(0))
-        req.stop_check_from = len(text)
+        req.stop_check_from = len(req.detok)
         if best is not None:
             start, end, matched = best
+            text = req.detok.text()
             req.text = text[:end] if p.no_stop_trim else text[:start]
             req.finish_reason = {"type": "stop", "matched": matched}
 
     def jump_forward(self, req: Req) -> None:
-        """Append the string the grammar forces, retokenized together with the last
-        sampled token so the model sees canonical tokens; the next step extends the KV
-        over all of them in one forward pass."""
-        forced = req.grammar.jump_forward_string()
+        """Append the string the grammar forces. After a sampled token, that token is
+        retokenized together with the forced text so the model sees canonical tokens
+        (the next step extends the KV over all of them in one forward pass); before any
+        output (a fresh grammar) the forced text alone is tokenized."""
+        g = req.grammar
+        forced = g.jump_forward_string()
         if not forced:
             return
-        last = req.output_ids[-1]
-        last_text = self.tokenizer.decode([last])
-        if REPLACEMENT in last_text:
+        out = req.output_ids
+        head_ids = out[-1:]  # the last sampled token, if any
+        head = self.tokenizer.decode(head_ids) if head_ids else ""
+        if REPLACEMENT in head:
             return
-        new_ids = self.tokenizer.encode(last_text + forced, add_special_tokens=False)
-        budget = req.params.max_new_tokens - len(req.output_ids) + 1
-        if len(new_ids) <= 1 or self.tokenizer.decode(new_ids) != last_text + forced:
+        new_ids = self.tokenizer.encode(head + forced, add_special_tokens=False)
+        if len(new_ids) <= len(head_ids) or self.tokenizer.decode(new_ids) != head + forced:
             return
-        new_ids = new_ids[:budget]
-        g = req.grammar
-        g.rollback(1)
+        start = len(out) - len(head_ids)  # output_ids[start:] is replaced by new_ids
+        new_ids = new_ids[: req.params.max_new_tokens - start]
+        g.rollback(len(head_ids))
         accepted = 0
         try:
             for t in new_ids:
@@ -101,17 +115,31 @@ class OutputProcessor:
                 accepted += 1
         except ValueError:
             g.rollback(accepted)
-            g.accept_token(last)
+            for t in head_ids:
+                g.accept_token(t)
             return
-        req.output_ids[-1:] = new_ids
+        out[start:] = new_ids
         if req.return_logprob:  # forced tokens carry no sampled logprob
-            req.output_logprobs[-1:] = [(float("nan"), t) for t in new_ids]
-            req.output_top_logprobs[-1:] = [None] * len(new_ids)
-        req.jump_forward_tokens += len(new_ids) - 1
-        if g.is_terminated():
+            req.output_logprobs[start:] = [(float("nan"), t) for t in new_ids]
+            req.output_top_logprobs[start:] = [None] * len(new_ids)
+        req.jump_forward_tokens += len(new_ids) - len(head_ids)
+        if g.is_terminated():  # the forced text completes the grammar: no forward needed
             req.finish_reason = {"type": "stop", "matched": new_ids[-1]}
-        elif len(req.output_ids) >= req.params.max_new_tokens:
+        elif len(out) >= req.params.max_new_tokens:
             req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
+
+    @staticmethod
+    def record_prompt_logprobs(req: Req, row: PlanRow, res: RowResult) -> None:
+        """Prompt logprobs of one step's rows (the executor computed them); the first
+        prompt token has none, and is recorded as (None, id) when the range starts there."""
+        if not req.wants_input_logprobs:
+            return
+        c0 = row.prefix_len
+        if c0 <= req.first_logprob_row() < c0 + row.extend_len and req.logprob_start_len == 0:
+            req.input_logprobs.append((None, req.input_ids[0]))
+            req.input_top_logprobs.append(None)
+        req.input_logprobs.extend(zip(res.prompt_logprobs, row.prompt_lp_next_ids))
+        req.input_top_logprobs.extend(res.prompt_top_logprobs)
 
     def make_output(self, req: Req) -> ReqOutput:
         finished = req.finished

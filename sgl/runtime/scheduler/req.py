@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sgl.runtime.sampling_params import SamplingParams
+from sgl.runtime.scheduler.detokenize import DecodeState
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     grammar: Any = None  # a Grammar (sgl.runtime.constrained.base), or None
     grammar_future: Any = None  # concurrent.futures.Future while compiling
-    generator: Any = None  # torch.Generator for seeded sampling
+    seed: int | None = None  # sampling seed (resolved at admission for non-greedy requests)
+    uid: int = -1  # unique per scheduler; names the request's state on the executor side
 
     # KV state (see module docstring)
     req_pool_idx: int | None = None
@@ -60,6 +62,7 @@ class Req:
     finish_reason: dict[str, Any] | None = None
     text: str = ""
     stop_check_from: int = 0  # text offset where the stop-string scan resumes
+    detok: DecodeState = field(default_factory=DecodeState)  # incremental detokenization of output_ids
     created_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 

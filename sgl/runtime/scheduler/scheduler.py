@@ -1,9 +1,10 @@
-"""The scheduler loop: receive requests, pick a prefill or decode batch, run the model,
-sample, emit outputs. Runs in a background thread of the engine process (torch releases
-the GIL inside its kernels, and the engine talks to it only through the thread-safe
-inbox and per-request callbacks carrying plain `ReqOutput`s, so moving it to its own
-process later changes only the transport). Tests drive `step()` directly with a fake
-model runner.
+"""The scheduler loop: receive requests, pick a prefill or decode batch, hand the
+executor a plain `StepPlan`, and `update` the requests from its `StepResult` (token ids,
+logprobs): append tokens, advance grammars, finish requests, emit outputs. Runs in a
+background thread of the engine process (torch releases the GIL inside its kernels, and
+the engine talks to it only through the thread-safe inbox and per-request callbacks
+carrying plain `ReqOutput`s, so moving it to its own process later changes only the
+transport). Tests drive `step()` directly with a fake executor that returns token ids.
 """
 
 from __future__ import annotations
@@ -18,15 +19,26 @@ from typing import Any, Callable
 
 import torch
 
-from sgl.runtime.executor.sampler import SampleRow, prompt_logprobs, sample
+from sgl.runtime.executor.plan import StepPlan, StepResult
+from sgl.runtime.executor.step import Executor, ModelRunner, StepExecutor
 from sgl.runtime.scheduler.decode import schedule_decode
 from sgl.runtime.scheduler.kv_cache import KVCache
 from sgl.runtime.scheduler.output import OutputProcessor
+from sgl.runtime.scheduler.plan import make_plan
 from sgl.runtime.scheduler.prefill import PrefillLimits, schedule_prefill
 from sgl.runtime.scheduler.req import Req
-from sgl.runtime.scheduler.step import ModelRunner, RowMap, build_batch
 
 log = logging.getLogger("sgl.scheduler")
+
+# new_token_ratio: the fraction of the running requests' remaining max_new_tokens kept
+# free when admitting prefills. Few requests run to max_new_tokens, so reserving all of it
+# would starve admission; reserving none would retract often. It starts in between, jumps
+# up after a retraction (the pool was overcommitted) and decays each step back towards
+# the floor while decoding goes well.
+NEW_TOKEN_RATIO_INIT = 0.5
+NEW_TOKEN_RATIO_RETRACT_STEP = 0.2
+NEW_TOKEN_RATIO_DECAY = 0.002
+NEW_TOKEN_RATIO_MIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -43,10 +55,22 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, runner: ModelRunner, kv: KVCache, tokenizer: Any,
-                 eos_ids: set[int], grammar_compiler: Any = None, device: str | torch.device = "cpu") -> None:
+    # Rows of the request -> token table to give beyond max_running_requests. Admission
+    # counts prefilling + running requests against max_running_requests and every finish
+    # or retraction frees its row at once, so this is a margin, not a need: a missing row
+    # only makes admission wait (attach_row fails softly), it never crashes a step.
+    REQ_TABLE_SLACK = 8
+
+    def __init__(self, cfg: SchedulerConfig, runner: ModelRunner | None, kv: KVCache, tokenizer: Any,
+                 eos_ids: set[int], grammar_compiler: Any = None, device: str | torch.device = "cpu",
+                 executor: Executor | None = None) -> None:
+        """Give a model runner (wrapped in the in-process StepExecutor) or an executor."""
         self.cfg = cfg
         self.runner = runner
+        if executor is None:
+            assert runner is not None, "a scheduler needs a model runner or an executor"
+            executor = StepExecutor(runner, kv.req_to_token.table, device)
+        self.executor = executor
         self.kv = kv
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_ids)
@@ -58,7 +82,7 @@ class Scheduler:
         self.grammar_wait: list[Req] = []
         self.prefilling: list[Req] = []
         self.running: list[Req] = []
-        self.new_token_ratio = 0.5
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self._seed_counter = 0
         # Set when the loop itself dies (see run_forever); callers read it to raise.
         self.crash_reason: str | None = None
@@ -66,6 +90,9 @@ class Scheduler:
         # (outside the per-step recovery: raising there kills the loop) and "step" just
         # before each step (a failed step: the requests it held are aborted, the loop lives).
         self.fault_hook: Callable[[str], None] | None = None
+        self._next_uid = 0
+        self._live: dict[int, Req] = {}  # uid -> request, from admission to finish
+        self._released: list[int] = []  # uids finished since the last plan
         self.stats: dict[str, float] = {
             "num_requests_total": 0, "num_finished_total": 0, "num_aborted_total": 0,
             "prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
@@ -136,32 +163,40 @@ class Scheduler:
         """One iteration; False when there was nothing to run."""
         self._drain_inbox(timeout=None)
         self._poll_grammars()
-        plan = schedule_prefill(self.kv, self.cfg.schedule_policy, self.waiting, self.prefilling,
-                                len(self.running), self._limits())
+        plan = self.schedule()
+        if plan is None:
+            if not self.has_work() and self.cfg.check_invariants_when_idle:
+                self.check_invariants()
+            return False
+        result = self.executor.execute(plan)
+        self.stats["num_forward_passes"] += 1
+        self.update(plan, result)
+        return True
+
+    def schedule(self) -> StepPlan | None:
+        """Pick this step's batch (allocating its KV slots); None when nothing can run."""
+        batch = schedule_prefill(self.kv, self.cfg.schedule_policy, self.waiting, self.prefilling,
+                                 len(self.running), self._limits())
         # Mixed chunk: running requests decode in the same step as a prefill instead of
         # pausing for it (lower inter-token latency while long prompts arrive); only when
         # they fit as they are, so a prefill never causes a retraction.
-        mix = (self.cfg.enable_mixed_chunk and bool(plan)
+        mix = (self.cfg.enable_mixed_chunk and bool(batch)
                and self.kv.available() >= sum(r.num_pending for r in self.running))
-        if (not plan or mix) and self.running:
-            decode_plan, retracted = schedule_decode(self.kv, self.running, self.waiting)
-            plan = plan + decode_plan
+        if (not batch or mix) and self.running:
+            decode_batch, retracted = schedule_decode(self.kv, self.running, self.waiting)
+            batch = batch + decode_batch
             for r in retracted:
                 self.stats["num_retractions_total"] += 1
                 if r.num_retractions < 0:
                     self._finish(r, {"type": "abort", "message": "the KV pool is too small for this request"})
             if retracted:
-                self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
-        if not plan:
-            if not self.has_work() and self.cfg.check_invariants_when_idle:
-                self.check_invariants()
-            return False
-        self.new_token_ratio = max(0.1, self.new_token_ratio - 0.002)
-        fb, rm = build_batch(plan, self.kv.req_to_token.table, self.device)
-        logits = self.runner.forward(fb)
-        self.stats["num_forward_passes"] += 1
-        self._process(plan, rm, logits)
-        return True
+                self.new_token_ratio = min(1.0, self.new_token_ratio + NEW_TOKEN_RATIO_RETRACT_STEP)
+        if not batch:
+            return None
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        plan = make_plan(batch, self.eos_ids, self._released)
+        self._released = []
+        return plan
 
     def _limits(self) -> PrefillLimits:
         remaining = sum(max(0, r.params.max_new_tokens - len(r.output_ids)) for r in self.running)
@@ -196,14 +231,15 @@ class Scheduler:
     def _admit_new(self, req: Req) -> None:
         self.stats["num_requests_total"] += 1
         p = req.params
-        if req.generator is None and not p.is_greedy:
-            g = torch.Generator()
+        req.uid = self._next_uid
+        self._next_uid += 1
+        self._live[req.uid] = req
+        if req.seed is None and not p.is_greedy:
             if p.seed is not None:
-                g.manual_seed(p.seed)
+                req.seed = p.seed
             else:
-                g.manual_seed(self.cfg.random_seed * 1_000_003 + self._seed_counter)
+                req.seed = self.cfg.random_seed * 1_000_003 + self._seed_counter
                 self._seed_counter += 1
-            req.generator = g
         if p.constraint is not None and req.grammar is None:
             if self.grammar_compiler is None:
                 self._finish(req, {"type": "abort", "message": "constrained decoding is not available"})
@@ -233,35 +269,11 @@ class Scheduler:
                 continue
             req.grammar_future = None
             if self.cfg.enable_jump_forward:
-                self._jump_forward_at_start(req)
+                self.out.jump_forward(req)
             if req.finished:
                 self._finish(req, req.finish_reason)
             else:
                 self.waiting.append(req)
-
-    def _jump_forward_at_start(self, req: Req) -> None:
-        forced = req.grammar.jump_forward_string()
-        if not forced or req.output_ids:
-            return
-        ids = self.tokenizer.encode(forced, add_special_tokens=False)
-        if self.tokenizer.decode(ids) != forced:
-            return
-        ids = ids[: req.params.max_new_tokens]
-        for n, t in enumerate(ids):
-            try:
-                req.grammar.accept_token(t)
-            except ValueError:
-                req.grammar.rollback(n)
-                return
-        req.output_ids.extend(ids)
-        if req.return_logprob:
-            req.output_logprobs.extend((float("nan"), t) for t in ids)
-            req.output_top_logprobs.extend([None] * len(ids))
-        req.jump_forward_tokens += len(ids)
-        if req.grammar.is_terminated():  # the forced text completes the grammar: no forward needed
-            req.finish_reason = {"type": "stop", "matched": ids[-1]}
-        elif len(req.output_ids) >= req.params.max_new_tokens:
-            req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
 
     def abort_all(self, message: str) -> int:
         """Finish every live request with an abort (engine shutdown); returns how many."""
@@ -278,69 +290,36 @@ class Scheduler:
                     return
 
     # -- results --------------------------------------------------------------------------
-    def _process(self, plan: list[tuple[Req, int]], rm: RowMap, logits: torch.Tensor) -> None:
-        rows: list[SampleRow] = []
-        row_reqs: list[Req] = []
-        row_idx: list[int] = []
-        for i, (req, n) in enumerate(plan):
-            self._record_prompt_logprobs(req, n, rm.lp_rows[i], logits)
+    def update(self, plan: StepPlan, result: StepResult) -> None:
+        """Apply one step's result: move finished prefills on, append sampled tokens
+        (which advances grammars and may finish requests), emit stream outputs."""
+        for row, res in zip(plan.rows, result.rows):
+            req = self._live.get(row.uid)
+            if req is None:  # finished since the plan was made
+                continue
+            self.out.record_prompt_logprobs(req, row, res)
             if req in self.prefilling:
-                if req.num_pending == 0:
-                    self.prefilling.remove(req)
-                    req.input_logprobs_done = True
-                    self.kv.cache_unfinished(req)
-                    if req.params.max_new_tokens == 0 or len(req.output_ids) >= req.params.max_new_tokens:
-                        self._finish(req, {"type": "length", "length": req.params.max_new_tokens})
-                        continue
-                    self.running.append(req)
-                else:
-                    self.kv.cache_unfinished(req)
-            if rm.sample_rows[i] >= 0 and not req.finished:
-                p = req.params
-                banned = None
-                if len(req.output_ids) < p.min_new_tokens:
-                    banned = sorted((set() if p.ignore_eos else self.eos_ids) | set(p.stop_token_ids))
-                mask = None
-                if req.grammar is not None:
-                    mask = torch.zeros(logits.shape[1], dtype=torch.bool)
-                    req.grammar.fill_mask(mask)
-                rows.append(SampleRow(params=p, output_ids=req.output_ids, prompt_ids=req.input_ids,
-                                      generator=req.generator, mask=mask, banned=banned,
-                                      top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-                                      want_logprob=req.return_logprob))
-                row_reqs.append(req)
-                row_idx.append(rm.sample_rows[i])
-        if rows:
-            # Usually every logits row is sampled, in order: skip the gather copy (64 x vocab
-            # floats per wide decode step). sample() may edit its input; logits is not read after.
-            if row_idx == list(range(logits.shape[0])):
-                res = sample(logits.float(), rows)
-            else:
-                res = sample(logits[torch.tensor(row_idx)].float(), rows)
-            for j, req in enumerate(row_reqs):
-                self.out.append_token(req, res.token_ids[j], res.logprobs[j], res.top_logprobs[j])
-                if req.finished:
-                    self._finish(req, req.finish_reason)
-                elif req.stream and req.on_output is not None:
-                    req.on_output(self.out.make_output(req))
-
-    def _record_prompt_logprobs(self, req: Req, n: int, lp: tuple[int, int, int], logits: torch.Tensor) -> None:
-        if not req.wants_input_logprobs:
-            return
-        c0 = req.num_computed - n
-        if c0 <= req.first_logprob_row() < c0 + n and req.logprob_start_len == 0:
-            req.input_logprobs.append((None, req.input_ids[0]))
-            req.input_top_logprobs.append(None)
-        row0, pos0, cnt = lp
-        if cnt == 0:
-            return
-        nxt = [req.input_ids[p + 1] for p in range(pos0, pos0 + cnt)]
-        lps, tops = prompt_logprobs(logits[row0 : row0 + cnt], nxt, req.top_logprobs_num)
-        req.input_logprobs.extend(zip(lps, nxt))
-        req.input_top_logprobs.extend(tops)
+                self.kv.cache_unfinished(req)
+                if req.num_pending > 0:  # more prompt chunks to go
+                    continue
+                self.prefilling.remove(req)
+                req.input_logprobs_done = True
+                if req.params.max_new_tokens == 0 or len(req.output_ids) >= req.params.max_new_tokens:
+                    self._finish(req, {"type": "length", "length": req.params.max_new_tokens})
+                    continue
+                self.running.append(req)
+            if row.sample is None:
+                continue
+            self.out.append_token(req, res.token_id, res.logprob, res.top_logprobs)
+            if req.finished:
+                self._finish(req, req.finish_reason)
+            elif req.stream and req.on_output is not None:
+                req.on_output(self.out.make_output(req))
 
     def _finish(self, req: Req, reason: dict[str, Any] | None) -> None:
         req.finish_reason = reason
+        if self._live.pop(req.uid, None) is not None:
+            self._released.append(req.uid)
         for lst in (self.grammar_wait, self.waiting, self.prefilling, self.running):
             if req in lst:
                 lst.remove(req)
