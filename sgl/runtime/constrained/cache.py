@@ -4,7 +4,7 @@ Compiling a grammar against a 49k vocabulary costs from tens of milliseconds to 
 and servers see the same schema again and again, so compiled tables are kept keyed by
 (kind, spec, tokenizer hash). The memory cache holds compiled objects (each hands out
 fresh matchers); the disk cache holds outlines-core Index objects (they pickle to a
-compact binary form) under `$SGL_CACHE_DIR/grammars/` so a restarted server skips the
+compact binary form) under `<cache dir>/grammars/` so a restarted server skips the
 Index build. Disk entries are written atomically; unreadable ones are ignored.
 """
 
@@ -19,6 +19,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
+from ..config import cache_dir
+
 _FORMAT = "v1"
 
 
@@ -27,8 +29,7 @@ def cache_key(kind: str, spec: str, tok_hash: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SGL_CACHE_DIR") or str(Path.home() / ".cache" / "sgl")
-    return Path(root) / "grammars"
+    return cache_dir() / "grammars"
 
 
 class LRUCache:
