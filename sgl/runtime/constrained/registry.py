@@ -25,14 +25,15 @@ import threading
 from typing import Any
 
 from ..config import Settings, settings
+from ..lru import LRU
 from .base import Grammar, GrammarError
-from .cache import DiskCache, LRUCache, cache_key
+from .cache import DiskCache, cache_key
 from .vocab import TokenizerInfo
 
 KINDS = ("regex", "json_schema", "choices", "ebnf", "lark")
 _INDEX_KINDS = ("regex", "json_schema", "choices")
 
-_memory = LRUCache(settings().grammar_cache_entries)
+_memory: LRU[str, Any] = LRU(settings().grammar_cache_entries)
 
 
 def _settings() -> Settings:

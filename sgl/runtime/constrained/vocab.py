@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any, Iterable
 
 import numpy as np
@@ -26,7 +26,7 @@ SENTENCEPIECE = "sentencepiece"
 RAW = "raw"
 
 
-@lru_cache(maxsize=1)
+@cache
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's byte->printable-char table.
 
