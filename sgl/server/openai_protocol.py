@@ -1,6 +1,6 @@
 """Pydantic request models of the OpenAI-compatible API (the OpenAPI schema comes from here).
 
-Only requests are modelled; responses are built as plain dicts in `openai_api`. Models
+Only requests are modelled; responses are built as plain dicts by the handlers. Models
 ignore unknown fields, as OpenAI clients send new ones all the time. Bounds that OpenAI
 documents are declared here, so violations become 400s naming the field. SGLang's
 extensions (top_k, min_p, regex, json_schema, ebnf, ...) are accepted too.
@@ -34,7 +34,7 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaSpec | None = None
 
 
-class _Sampling(BaseModel):
+class SamplingFields(BaseModel):
     """Sampling fields shared by completions and chat (OpenAI names plus SGLang extras)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -66,7 +66,7 @@ class _Sampling(BaseModel):
     rid: str | None = None
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -129,7 +129,7 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
