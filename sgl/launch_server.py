@@ -2,9 +2,11 @@
 
 Engine flags (--model-path, --dtype, --max-total-tokens, --schedule-policy,
 --disable-radix-cache, --chunked-prefill-size, --max-running-requests,
---attention-backend, --disable-jump-forward, --random-seed, --context-length, ...) are
-generated from `EngineConfig`; server flags are --host, --port, --api-key,
---served-model-name, --log-level. Without --model-path the embedded
+--attention-backend, --disable-jump-forward, --random-seed, --context-length, ...) and
+process-wide settings (--regex-backend, --disable-cpu-ops, --no-grammar-disk-cache, ...)
+are generated from `sgl.runtime.config`; a setting given here is exported as its
+environment variable, so every module of this process reads it through `settings()`.
+Server flags are --host, --port, --api-key, --served-model-name, --log-level. Without --model-path the embedded
 SmolLM2-135M-Instruct is served. SIGINT/SIGTERM stop accepting connections, let
 in-flight requests finish for --graceful-shutdown-timeout seconds, abort the rest, then
 stop the engine.
@@ -13,13 +15,12 @@ stop the engine.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 from typing import Any
 
-from sgl.runtime.config import EngineConfig, add_cli_args
+from sgl.runtime.config import EngineConfig, Settings, add_cli_args, export, given
 
 
 class _JsonAccessFormatter(logging.Formatter):
@@ -44,11 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-            if getattr(args, f.name, None) is not None}
-
-
 def setup_logging(level: str, access_log: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonAccessFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -59,19 +55,25 @@ def setup_logging(level: str, access_log: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    kwargs, process_wide = given(args, EngineConfig), given(args, Settings)
+    export(process_wide)  # the flag wins over its variable in the whole process
+    try:  # bad SGL_* variables or option values: a usage error, before the model loads
+        EngineConfig.from_kwargs(**kwargs)
+    except ValueError as e:
+        parser.error(str(e))
     setup_logging(args.log_level, not args.no_access_log)
     import uvicorn
 
     from sgl.runtime.engine import Engine
     from sgl.server.app import create_app
 
-    kwargs = engine_kwargs(args)
     log = logging.getLogger("sgl.server")
-    log.info("starting engine with %s", json.dumps(kwargs))
+    log.info("starting engine with %s", json.dumps({**process_wide, **kwargs}))
     engine = Engine(**kwargs)
     app = create_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
-                     server_args={"host": args.host, "port": args.port, **kwargs})
+                     server_args={"host": args.host, "port": args.port, **process_wide, **kwargs})
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=int(args.graceful_shutdown_timeout), log_config=None)
     server = uvicorn.Server(config)

@@ -8,4 +8,5 @@ here; it only takes effect if set before torch is first imported.
 
 import os
 
+# Outside config.py on purpose: OpenMP's own variable, and it must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,32 +1,61 @@
-"""Engine configuration: one frozen dataclass, each field with help text.
+"""Configuration: frozen dataclasses whose fields (each with help text) generate the CLI
+flags and the `SGL_*` environment variables, so an option is declared once.
 
-The CLI flags (SGLang's names: `--model-path`, `--max-total-tokens`, ...) and the `SGL_*`
-environment variables are generated from the fields, so a new option is added once.
+Two groups share a base. `EngineConfig` is what one `Engine` is built from (SGLang's
+names: `--model-path`, `--max-total-tokens`, ...). `Settings` are process-wide switches
+read by modules far from any Engine (the grammar compiler, the C kernel loaders) through
+`settings()`. The fields of `SharedOptions` (the cache folder) belong to both: an
+Engine's explicit value wins for that engine, the environment's elsewhere.
 Precedence: explicit argument > CLI flag > environment variable > default.
+
+    field `max_total_tokens` -> flag `--max-total-tokens` -> variable SGL_MAX_TOTAL_TOKENS
+
+No other module reads `os.environ` for behaviour; `cache_dir()` is the one place the
+cache folder is resolved.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 
 
-def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _f(default: Any, help: str, choices: tuple[Any, ...] | None = None, env: str | None = None) -> Any:
+    # `env` names a variable owned by another tool (TRITON_INTERPRET) instead of SGL_<FIELD>.
+    return field(default=default, metadata={"help": help, "choices": choices, "env": env})
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class SharedOptions:
+    """Options that are both Engine arguments and process-wide settings."""
+
+    cache_dir: str | None = _f(None, "where converted weights, compiled grammars and built C kernels are cached "
+                                     "(default ~/.cache/sgl)")
+
+    def check_choices(self) -> None:
+        """ValueError for a field outside its declared choices (explicit arguments skip parsing)."""
+        for f in dataclasses.fields(self):
+            allowed, value = f.metadata.get("choices"), getattr(self, f.name)
+            if allowed and value is not None and value not in allowed:
+                raise ValueError(f"{f.name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig(SharedOptions):
+    """What one Engine is built from (SGLang's option names)."""
+
     model_path: str | None = _f(None, "GGUF file or Hugging Face folder; default: the embedded SmolLM2-135M-Instruct")
     dtype: str = _f("auto", "weights/activations dtype: auto (bfloat16 on CPU), bfloat16, float32",
                     ("auto", "bfloat16", "float32"))
     device: str = _f("auto", "cpu, cuda or auto")
-    cache_dir: str | None = _f(None, "where converted weights and compiled grammars are cached (default ~/.cache/sgl)")
     max_total_tokens: int | None = _f(None, "KV pool size in tokens (default: from mem_fraction of RAM, capped at 131072)")
     mem_fraction: float = _f(0.08, "fraction of total memory for the KV pool when max_total_tokens is unset")
     max_running_requests: int = _f(256, "most requests decoding at once")
@@ -45,22 +74,17 @@ class EngineConfig:
     num_threads: int | None = _f(None, "torch CPU threads (default: all cores)")
     disable_cpu_decode_kernel: bool = _f(False, "run small bf16 CPU decode batches through torch ops instead of "
                                                 "the C decode kernel (for comparison)")
+    cpu_decode_threads: int | None = _f(None, "threads of the C decode kernel, 1 or 2 (default: 2 when torch has 2+; "
+                                              "use 1 on a machine other busy processes share)", (1, 2))
     disable_packed_linears: bool = _f(False, "keep small-batch CPU matmuls on the plain weight layout instead of "
                                              "oneDNN's prepacked one (used only where verified bit-identical)")
-    cpu_decode_threads: int | None = _f(None, "threads of the C decode kernel, 1 or 2 (default: 2 when torch has 2+; "
-                                              "use 1 on a machine other busy processes share)")
 
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        if self.dtype not in ("auto", "bfloat16", "float32"):
-            raise ValueError(f"dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        self.check_choices()
         for name in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.cpu_decode_threads not in (None, 1, 2):
-            raise ValueError(f"cpu_decode_threads must be 1 or 2, got {self.cpu_decode_threads}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ValueError("max_total_tokens must be >= 16")
         return self
@@ -71,54 +95,191 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(names)}")
-        env = env_overrides()
-        env.update({k: v for k, v in kwargs.items()})
-        return EngineConfig(**env).resolved()
+        settings()  # a bad process-wide variable fails here, at startup, not in the first step
+        values = env_values(EngineConfig)
+        values.update(kwargs)
+        return EngineConfig(**values).resolved()
 
+
+@dataclass(frozen=True)
+class Settings(SharedOptions):
+    """Process-wide switches, read through `settings()` where no Engine is at hand."""
+
+    disable_cpu_ops: bool = _f(False, "run the bf16 CPU elementwise ops (RMSNorm, RoPE, SiLU*up, residual adds) "
+                                      "through torch instead of the fused C ops (for comparison)")
+    disable_cpu_attention: bool = _f(False, "never use the C attention kernel: the cpu attention backend falls "
+                                            "back to torch (for comparison)")
+    cc: str | None = _f(None, "C compiler that builds the CPU kernels (default: cc, else gcc, on PATH)", env="CC")
+    regex_backend: str = _f("lazy", "regex / JSON Schema backend: lazy (byte DFA, masks per state on demand) or "
+                                    "outlines (a full outlines-core index at compile)", ("lazy", "outlines"))
+    lazy_dfa: str = _f("rust", "byte-DFA builder of the lazy backend: rust (regex-automata via outlines-core) or "
+                               "interegular (pure Python, slower)", ("rust", "interegular"))
+    pushdown_lazy: bool = _f(True, "build a pushdown grammar's sub-machines on first use instead of all at compile")
+    grammar_cache_entries: int = _f(256, "compiled grammars kept in memory (least recently used dropped first)")
+    grammar_disk_cache: bool = _f(True, "keep compiled regex DFAs / indexes on disk under <cache dir>/grammars")
+    triton_interpret: bool = _f(False, "run Triton kernels in Triton's CPU interpreter (Triton's own variable; "
+                                       "lets the triton attention backend run without a GPU)", env="TRITON_INTERPRET")
+
+
+# ---- text <-> values, typed by the annotations -------------------------------------------
 
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_EXPECTED = {bool: "a boolean (1/true/yes/on or 0/false/no/off)", int: "an integer", float: "a number",
+             str: "a string"}
 
 
-def env_flag(name: str, default: bool = False) -> bool:
-    """A boolean SGL_* switch read at use time: 1/true/yes/on are true, other values
-    false, unset or empty is `default`."""
-    raw = os.environ.get(name, "")
-    return default if raw == "" else raw.lower() in _TRUE
-
-
-def _parse(f: dataclasses.Field, raw: str) -> Any:
-    t = str(f.type)
-    if "bool" in t:
-        return raw.lower() in _TRUE
-    if "int" in t:
-        return int(raw)
-    if "float" in t:
-        return float(raw)
-    return raw
-
-
-def env_overrides() -> dict[str, Any]:
-    """SGL_<FIELD> variables, e.g. SGL_MAX_TOTAL_TOKENS=4096 (SGL_CACHE_DIR is read by the loader too)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(EngineConfig):
-        raw = os.environ.get("SGL_" + f.name.upper())
-        if raw is not None and raw != "":
-            out[f.name] = _parse(f, raw)
+@functools.cache
+def _types(cls: type) -> dict[str, type]:
+    """Field name -> its type with Optional unwrapped (`int | None` -> int)."""
+    out = {}
+    for name, t in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        out[name] = args[0] if args else t
     return out
 
 
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    for f in dataclasses.fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
-        meta = f.metadata
-        if "bool" in str(f.type):
-            parser.add_argument(flag, action="store_true", default=None, help=meta["help"])
+def env_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("env") or "SGL_" + f.name.upper()
+
+
+def parse_value(cls: type, f: dataclasses.Field, raw: str, source: str) -> Any:
+    """`raw` (from the variable or flag `source`) as the field's type; ValueError naming `source`."""
+    t = _types(cls)[f.name]
+    text = raw.strip()
+    try:
+        if t is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            value: Any = text.lower() in _TRUE
+        elif t in (int, float):
+            value = t(text)
+        elif t is str:
+            value = text.lower() if f.metadata.get("choices") else raw
         else:
-            parser.add_argument(flag, type=lambda s, f=f: _parse(f, s), default=None,
-                                choices=meta.get("choices"), help=meta["help"])
+            raise TypeError(f"config field {f.name}: no parser for type {t!r}")
+    except ValueError:
+        raise ValueError(f"{source}={raw!r}: expected {_EXPECTED[t]}") from None
+    allowed = f.metadata.get("choices")
+    if allowed and value not in allowed:
+        raise ValueError(f"{source}={raw!r}: expected one of {', '.join(map(str, allowed))}")
+    return value
 
 
-def from_cli_args(args: argparse.Namespace) -> EngineConfig:
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-             if getattr(args, f.name, None) is not None}
-    return EngineConfig.from_kwargs(**given)
+def env_values(cls: type) -> dict[str, Any]:
+    """The fields of `cls` set in the environment (unset or empty variables are skipped)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        raw = os.environ.get(env_name(f))
+        if raw:
+            out[f.name] = parse_value(cls, f, raw, env_name(f))
+    return out
+
+
+def to_env(values: dict[str, Any]) -> dict[str, str]:
+    """{field: value} -> {variable: text}, the inverse of `env_values` (None values dropped)."""
+    by_name = {f.name: f for cls in (EngineConfig, Settings) for f in dataclasses.fields(cls)}
+    out = {}
+    for name, v in values.items():
+        if v is not None:
+            out[env_name(by_name[name])] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+    return out
+
+
+def export(values: dict[str, Any]) -> None:
+    """Set `values` ({field: value}) as their variables in this process, so that
+    `settings()` here and any child process read them (the CLI's process-wide flags)."""
+    os.environ.update(to_env(values))
+
+
+# ---- process-wide settings -------------------------------------------------------------------
+
+_SETTINGS_VARS = tuple(env_name(f) for f in dataclasses.fields(Settings))
+
+
+def settings() -> Settings:
+    """The process-wide settings, from the environment.
+
+    Parsed once per distinct set of values (a tuple of lookups, a few microseconds), so it
+    follows a variable that the CLI or a test sets later; a hot loop should still read it
+    once per step rather than once per op. ValueError names a bad variable.
+    """
+    return _settings_for(tuple(os.environ.get(v) for v in _SETTINGS_VARS))
+
+
+@functools.lru_cache(maxsize=8)  # a memo of a pure function of the variables, not a data cache
+def _settings_for(raw: tuple[str | None, ...]) -> Settings:
+    values = {f.name: parse_value(Settings, f, r, env_name(f))
+              for f, r in zip(dataclasses.fields(Settings), raw) if r}
+    s = Settings(**values)
+    s.check_choices()
+    return s
+
+
+def cache_dir(explicit: str | Path | None = None) -> Path:
+    """The cache folder: `explicit` (an Engine's cache_dir), else SGL_CACHE_DIR, else ~/.cache/sgl.
+    Users add their own subfolder (models/, grammars/, kernels/)."""
+    root = explicit or settings().cache_dir
+    return Path(root) if root else Path.home() / ".cache" / "sgl"
+
+
+def env_flag(name: str) -> bool:
+    """A boolean setting by its variable name, e.g. env_flag("SGL_DISABLE_CPU_OPS"); one
+    lookup, as cheap as the per-op reads it serves. Kept for kernels/cpu and models/cpu_*
+    until they read `settings()` once per step instead."""
+    f = _bool_settings().get(name)
+    if f is None:
+        raise KeyError(f"{name} is not a boolean setting of sgl.runtime.config.Settings")
+    raw = os.environ.get(name)
+    return parse_value(Settings, f, raw, name) if raw else f.default
+
+
+@functools.cache
+def _bool_settings() -> dict[str, dataclasses.Field]:
+    return {env_name(f): f for f in dataclasses.fields(Settings) if _types(Settings)[f.name] is bool}
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+def _own_fields_first(cls: type) -> list[dataclasses.Field]:
+    own = cls.__dict__.get("__annotations__", {})
+    fs = dataclasses.fields(cls)
+    return [f for f in fs if f.name in own] + [f for f in fs if f.name not in own]
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of EngineConfig and Settings, in two help groups."""
+    seen: set[str] = set()
+    for cls, title in ((EngineConfig, "engine options"),
+                       (Settings, "process-wide settings (C kernels, grammar compiler)")):
+        group = parser.add_argument_group(title)
+        for f in _own_fields_first(cls):
+            if f.name in seen:
+                continue
+            seen.add(f.name)
+            _add_flag(group, cls, f)
+
+
+def _add_flag(group: Any, cls: type, f: dataclasses.Field) -> None:
+    flag = "--" + f.name.replace("_", "-")
+    help = f"{f.metadata['help']} [env {env_name(f)}]"
+    if _types(cls)[f.name] is bool:
+        # A switch that is on by default needs its --no- form to be turned off from the CLI.
+        action = argparse.BooleanOptionalAction if f.default else "store_true"
+        group.add_argument(flag, dest=f.name, action=action, default=None, help=help)
+        return
+
+    def parse(s: str) -> Any:
+        try:
+            return parse_value(cls, f, s, flag)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    allowed = f.metadata.get("choices")
+    metavar = "{" + ",".join(map(str, allowed)) + "}" if allowed else f.name.upper()
+    group.add_argument(flag, dest=f.name, type=parse, default=None, metavar=metavar, help=help)
+
+
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of `cls` set on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None}

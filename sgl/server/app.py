@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from sgl.server import native_api, openai_api, openai_chat  # noqa: F401 - openai_chat registers its route
+from sgl.server import native_api, openai_api, openai_chat, openai_completions
 from sgl.server.access_log import AccessLogMiddleware
 from sgl.server.auth import ApiKeyMiddleware
 from sgl.server.engine_client import EngineClient
@@ -64,8 +64,8 @@ def create_app(engine: Any, *, served_model_name: str | None = None, api_key: st
     app.state.server_args = dict(server_args or {}, model_path=model_path, served_model_name=served)
 
     install_error_handlers(app)
-    app.include_router(native_api.router)
-    app.include_router(openai_api.router)
+    for api in (native_api, openai_api, openai_completions, openai_chat):
+        api.register(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:

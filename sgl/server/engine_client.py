@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import json
 import logging
@@ -26,12 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.lru import LRU
 from sgl.runtime.sampling_params import ALIASES, SamplingParams
 from sgl.server.errors import APIError, ClientDisconnected, bad_request
 from sgl.server.metrics import Metrics
-from sgl.server.sse import await_or_disconnect
+from sgl.server.sse import await_or_disconnect, guarded_stream, merge_streams
 
 logger = logging.getLogger("sgl.server")
 
@@ -91,6 +92,24 @@ class StreamHandle:
             self.client.abort(self.rid)
 
 
+def tagged_chunks(handles: list[StreamHandle]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """The chunks of several streams as they arrive, each with its stream's index."""
+    if len(handles) == 1:
+        return ((0, c) async for c in handles[0].chunks())
+    return merge_streams([h.chunks() for h in handles])
+
+
+def sse_response(frames: AsyncIterator[bytes], handles: list[StreamHandle]) -> StreamingResponse:
+    """An SSE response of `frames` that closes (so aborts) the streams however it ends."""
+
+    def close_all() -> None:
+        for h in handles:
+            h.close()
+
+    return StreamingResponse(guarded_stream(frames, close_all, [h.it for h in handles]),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def meta_of(chunk: dict[str, Any]) -> dict[str, Any]:
     return chunk.get("meta_info") or {}
 
@@ -128,6 +147,10 @@ def split_n(g: GenInput) -> list[GenInput]:
     return out
 
 
+def client_of(request: Request) -> "EngineClient":
+    return request.app.state.client
+
+
 class EngineClient:
     """Wraps one engine for the HTTP layer; see the module docstring."""
 
@@ -141,6 +164,7 @@ class EngineClient:
         # No token decodes to more than this many characters (byte-level BPE strings are at
         # least as long as their text), so longer texts exceed the context without tokenizing.
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=64) + 1
+        self._token_texts: LRU[int, str] = LRU(65536)  # logprob rendering decodes the same ids often
 
     # ---- validation -------------------------------------------------------------------
 
@@ -212,9 +236,8 @@ class EngineClient:
             raise bad_request(f"{max_param} ({max_new_tokens}) plus the prompt ({num_prompt_tokens} tokens) "
                               f"exceeds the context length of {ctx} tokens; lower {max_param}", max_param)
 
-    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one client per app, lives as long
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self._token_texts.get_or_create(token_id, lambda: self.tokenizer.decode([token_id]))
 
     # ---- engine calls -------------------------------------------------------------------
 

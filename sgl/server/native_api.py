@@ -16,16 +16,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import EngineClient, GenInput, abort_message, new_rid, split_n
+from sgl.server.engine_client import (EngineClient, GenInput, abort_message, client_of, new_rid, split_n,
+                                     sse_response, tagged_chunks)
 from sgl.server.errors import APIError, bad_request, error_body
-from sgl.server.sse import DONE, guarded_stream, merge_streams, sse
-
-router = APIRouter()
+from sgl.server.sse import DONE, sse
 
 MAX_BATCH = 256
 _LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs")
@@ -53,8 +52,18 @@ class AbortRequest(BaseModel):
     abort_all: bool = False
 
 
-def client_of(request: Request) -> EngineClient:
-    return request.app.state.client
+def register(app: FastAPI) -> None:
+    """SGLang's native routes (the aliases without `get_` stay out of the OpenAPI schema)."""
+    app.add_api_route("/generate", generate, methods=["POST"])
+    app.add_api_route("/get_model_info", get_model_info, methods=["GET"])
+    app.add_api_route("/model_info", get_model_info, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/get_server_info", get_server_info, methods=["GET"])
+    app.add_api_route("/server_info", get_server_info, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health_generate", health_generate, methods=["GET"])
+    app.add_api_route("/flush_cache", flush_cache, methods=["POST"])
+    app.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/abort_request", abort_request, methods=["POST"])
 
 
 def _per_item(value: Any, n: int, name: str, default: Any) -> list[Any]:
@@ -160,7 +169,6 @@ def shape_result(client: EngineClient, out: dict[str, Any], g: GenInput, with_te
             "meta_info": shape_meta(client, out.get("meta_info") or {}, g, with_text, t0)}
 
 
-@router.post("/generate")
 async def generate(req: GenerateRequest, request: Request) -> Response:
     client = client_of(request)
     gens, is_batch, n_each = _build_inputs(req, client)
@@ -186,10 +194,8 @@ async def _stream_generate(request: Request, client: EngineClient, gens: list[Ge
     handles = await client.open_streams(request, subs)
 
     async def frames() -> AsyncIterator[bytes]:
-        source = (merge_streams([h.chunks() for h in handles]) if len(handles) > 1
-                  else ((0, c) async for c in handles[0].chunks()))
         try:
-            async for i, chunk in source:
+            async for i, chunk in tagged_chunks(handles):
                 shaped = shape_result(client, chunk, subs[i], with_text, t0)
                 msg = abort_message(chunk)
                 if msg is not None:
@@ -206,16 +212,9 @@ async def _stream_generate(request: Request, client: EngineClient, gens: list[Ge
             yield sse(error_body(str(e), "invalid_request_error", None, 400))
         yield DONE
 
-    def close_all() -> None:
-        for h in handles:
-            h.close()
-
-    return StreamingResponse(guarded_stream(frames(), close_all, [h.it for h in handles]),
-                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return sse_response(frames(), handles)
 
 
-@router.get("/get_model_info")
-@router.get("/model_info", include_in_schema=False)
 async def get_model_info(request: Request) -> dict[str, Any]:
     st = request.app.state
     return {
@@ -235,8 +234,6 @@ async def get_model_info(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/get_server_info")
-@router.get("/server_info", include_in_schema=False)
 async def get_server_info(request: Request) -> dict[str, Any]:
     st = request.app.state
     info = await asyncio.to_thread(st.engine.get_server_info)
@@ -246,7 +243,6 @@ async def get_server_info(request: Request) -> dict[str, Any]:
     return out
 
 
-@router.get("/health")
 async def health(request: Request) -> Response:
     if request.app.state.shutting_down:
         return PlainTextResponse("shutting down", status_code=503)
@@ -257,7 +253,6 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
     """Healthy only if the engine can actually produce a token."""
     client = client_of(request)
@@ -270,8 +265,6 @@ async def health_generate(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/flush_cache")
-@router.get("/flush_cache", include_in_schema=False)
 async def flush_cache(request: Request) -> Response:
     ok = await asyncio.to_thread(request.app.state.engine.flush_cache)
     if not ok:
@@ -280,7 +273,6 @@ async def flush_cache(request: Request) -> Response:
                              "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
-@router.post("/abort_request")
 async def abort_request(req: AbortRequest, request: Request) -> Response:
     client = client_of(request)
     if req.abort_all:

@@ -1,28 +1,46 @@
 """POST /v1/chat/completions: messages -> chat template -> engine -> OpenAI chat shapes.
 
-Tool calls follow `tool_calls.py`. With tools in play, streamed replies are buffered per
-choice and sent as one final delta (content or tool_calls), since whether the text is a
-call is only known at the end; plain replies stream token by token.
+parse (`parse_chat`: tools plan, prompt, budget, sampling) -> generate (`generate_groups`,
+or `stream_choices` with one engine stream per choice) -> format (`format_chat`, or
+`ChatStream` for the SSE deltas). Tool calls follow `tool_calls.py`. With tools in play,
+streamed replies are buffered per choice and sent as one final delta (content or
+tool_calls), since whether the text is a call is only known at the end; plain replies
+stream token by token.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from sgl.server import tool_calls
-from sgl.server.access_log import note_usage
-from sgl.server.engine_client import EngineClient, GenInput, finish_of, meta_of, new_rid, split_n
+from sgl.server.engine_client import EngineClient, GenInput, client_of, finish_of, meta_of, new_rid, split_n
 from sgl.server.errors import bad_request
-from sgl.server.openai_api import (_client, _finish, _response_format_schema, _stream, _usage_of,
-                                   chat_logprobs, check_model, router, sampling_from)
+from sgl.server.openai_api import (Envelope, chat_logprobs, check_model, finish_reason, generate_groups,
+                                   response_format_schema, sampling_from, stream_choices, usage_of, wants_usage)
 from sgl.server.openai_protocol import ChatCompletionRequest
-from sgl.server.sse import sse
 
+
+def register(app: FastAPI) -> None:
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
+
+async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+    client = client_of(request)
+    job = parse_chat(req, client, request.app.state.engine, check_model(request, req.model))
+    if not req.stream:
+        group = (await generate_groups(request, client, [job.gen]))[0]
+        return JSONResponse(format_chat(job, client, group))
+    subs = split_n(job.gen)
+    return await stream_choices(request, client, subs, [0] * len(subs), job.envelope, ChatStream(job, client),
+                                wants_usage(req.stream_options))
+
+
+# ---- parse --------------------------------------------------------------------------------
 
 def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
@@ -67,6 +85,16 @@ class _ToolPlan:
             named = choice.model_dump() if not isinstance(choice, str) else choice
             self.schema, self.fixed_name = tool_calls.constraint_schema(self.tools, named)
 
+    def message(self, text: str, fr_raw: Any) -> tuple[dict[str, Any], str | None, Any]:
+        """The assistant message, OpenAI finish_reason and matched_stop of a finished choice."""
+        fr, matched = finish_reason(fr_raw)
+        content, calls = self.parse(text)
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = calls
+            fr = "tool_calls"
+        return msg, fr, matched
+
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         if self.mode == "forced":
             calls = tool_calls.parse_forced(text, self.fixed_name)
@@ -89,100 +117,88 @@ def _build_prompt(req: ChatCompletionRequest, plan: _ToolPlan, engine: Any) -> s
         raise bad_request(f"messages could not be rendered with the chat template: {e}", "messages") from None
 
 
-@router.post("/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-    client = _client(request)
-    engine = request.app.state.engine
-    model = check_model(request, req.model)
+@dataclass
+class ChatJob:
+    req: ChatCompletionRequest
+    plan: _ToolPlan
+    gen: GenInput
+    envelope: Envelope
+
+
+def parse_chat(req: ChatCompletionRequest, client: EngineClient, engine: Any, model: str) -> ChatJob:
     plan = _ToolPlan(req)
     prompt = _build_prompt(req, plan, engine)
     num = client.count_tokens(prompt)
-    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    if limit is None:
-        limit = max(client.context_length - num, 0)
+    limit, max_param = _completion_limit(req, client.context_length - num)
     client.check_budget(num, limit, prompt_param="messages", max_param=max_param)
-    schema = plan.schema if plan.schema is not None else _response_format_schema(req.response_format)
+    schema = plan.schema if plan.schema is not None else response_format_schema(req.response_format)
     if plan.schema is not None and req.response_format is not None and req.response_format.type != "text":
         raise bad_request("response_format cannot be combined with a forced tool_choice", "response_format")
     sp = sampling_from(req, client, limit, schema)
-    want_lp = bool(req.logprobs)
-    if req.top_logprobs and not want_lp:
+    if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
-    g = GenInput(prompt, None, sp, req.rid or new_rid("chatcmpl-"), want_lp, None,
-                 (req.top_logprobs or 0) if want_lp else None, num)
-    rid = "chatcmpl-" + uuid.uuid4().hex
-    created = int(time.time())
+    gen = GenInput(prompt, None, sp, req.rid or new_rid("chatcmpl-"), req.logprobs, None,
+                   (req.top_logprobs or 0) if req.logprobs else None, num)
+    return ChatJob(req, plan, gen, Envelope("chatcmpl-" + uuid.uuid4().hex, "chat.completion", model,
+                                            chunk_object="chat.completion.chunk", fingerprint=True))
 
-    def message_and_finish(text: str, fr_raw: Any) -> tuple[dict[str, Any], str | None, Any]:
-        fr, matched = _finish(fr_raw)
-        content, calls = plan.parse(text)
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            msg["tool_calls"] = calls
-            fr = "tool_calls"
-        return msg, fr, matched
 
-    if not req.stream:
-        out = (await client.generate(request, [g]))[0]
-        group = out if isinstance(out, list) else [out]
-        choices = []
-        for i, o in enumerate(group):
-            note_usage(request, meta_of(o))
-            msg, fr, matched = message_and_finish(o.get("text", ""), finish_of(o))
-            choices.append({"index": i, "message": msg,
-                            "logprobs": chat_logprobs(client, meta_of(o)) if want_lp else None,
-                            "finish_reason": fr, "matched_stop": matched})
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                             "choices": choices, "usage": _usage_of([[meta_of(o) for o in group]]),
-                             "system_fingerprint": None})
+def _completion_limit(req: ChatCompletionRequest, room: int) -> tuple[int, str]:
+    """(max new tokens, the parameter that set it); without one, the room left in the context."""
+    if req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return (max(room, 0) if req.max_tokens is None else req.max_tokens), "max_tokens"
 
-    buffered = plan.mode != "none"
-    subs = split_n(g)
 
-    def frame(choices: list[dict[str, Any]], usage: Any = None, with_usage_key: bool = False) -> bytes:
-        body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                "system_fingerprint": None, "choices": choices}
-        if with_usage_key:
-            body["usage"] = usage
-        return sse(body)
+# ---- format -------------------------------------------------------------------------------
 
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+def format_chat(job: ChatJob, client: EngineClient, group: list[dict[str, Any]]) -> dict[str, Any]:
+    choices = []
+    for i, out in enumerate(group):
+        msg, fr, matched = job.plan.message(out.get("text", ""), finish_of(out))
+        choices.append({"index": i, "message": msg,
+                        "logprobs": chat_logprobs(client, meta_of(out)) if job.req.logprobs else None,
+                        "finish_reason": fr, "matched_stop": matched})
+    return job.envelope.body(choices, usage=usage_of([[meta_of(o) for o in group]]))
 
-    def first_frames(n: int) -> list[bytes]:
-        return [frame([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                        "finish_reason": None} for i in range(n)], None, include_usage)]
 
-    def on_chunk(i: int, chunk: dict[str, Any], state: dict[str, Any]) -> list[dict[str, Any]]:
-        text = chunk.get("text", "")
-        if buffered:
+class ChatStream:
+    """A role delta for every choice, then content deltas token by token, or, with tools
+    in play, one buffered delta at the end (a ChoiceRenderer)."""
+
+    def __init__(self, job: ChatJob, client: EngineClient) -> None:
+        self.job, self.client = job, client
+        self.buffered = job.plan.mode != "none"
+
+    def opening(self, n: int) -> list[dict[str, Any]]:
+        return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(n)]
+
+    def on_chunk(self, i: int, chunk: dict[str, Any], state: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.buffered:
             return []
-        sent = state.get("sent", "")
-        delta = text[len(sent):]
+        text = chunk.get("text", "")
+        delta = text[len(state.get("sent", "")):]
         state["sent"] = text
         lp = None
-        if want_lp:
-            full = chat_logprobs(client, meta_of(chunk))["content"]
+        if self.job.req.logprobs:
+            full = chat_logprobs(self.client, meta_of(chunk))["content"]
             lp = {"content": full[state.get("lp_sent", 0):]}
             state["lp_sent"] = len(full)
         if not delta and not (lp and lp["content"]):
             return []
         return [{"index": i, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None}]
 
-    def on_finish(i: int, chunk: dict[str, Any], state: dict[str, Any]) -> list[dict[str, Any]]:
-        text = chunk.get("text", "")
-        msg, fr, matched = message_and_finish(text, finish_of(chunk))
+    def on_finish(self, i: int, chunk: dict[str, Any], state: dict[str, Any]) -> list[dict[str, Any]]:
+        msg, fr, matched = self.job.plan.message(chunk.get("text", ""), finish_of(chunk))
         out = []
-        if buffered:
+        if self.buffered:
             delta: dict[str, Any] = {}
             if msg.get("tool_calls"):
                 delta["tool_calls"] = msg["tool_calls"]
             elif msg["content"]:
                 delta["content"] = msg["content"]
-            lp = chat_logprobs(client, meta_of(chunk)) if want_lp else None
+            lp = chat_logprobs(self.client, meta_of(chunk)) if self.job.req.logprobs else None
             out.append({"index": i, "delta": delta, "logprobs": lp, "finish_reason": None})
         out.append({"index": i, "delta": {}, "logprobs": None, "finish_reason": fr, "matched_stop": matched})
         return out
-
-    return await _stream(request, client, subs, [0] * len(subs), 1, on_chunk, frame, first_frames,
-                         include_usage, on_finish)

@@ -1,6 +1,6 @@
 """Pydantic request models of the OpenAI-compatible API (the OpenAPI schema comes from here).
 
-Only requests are modelled; responses are built as plain dicts in `openai_api`. Models
+Only requests are modelled; responses are built as plain dicts by the handlers. Models
 ignore unknown fields, as OpenAI clients send new ones all the time. Bounds that OpenAI
 documents are declared here, so violations become 400s naming the field. SGLang's
 extensions (top_k, min_p, regex, json_schema, ebnf, ...) are accepted too: every
@@ -62,15 +62,15 @@ OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 # Every other SamplingParams field is an SGLang extension under its own name. Values are
 # checked by SamplingParams (as on /generate), not by pydantic, so both APIs agree.
-_Sampling = create_model(
-    "_Sampling", __base__=_OpenAISampling,
+SamplingFields = create_model(
+    "SamplingFields", __base__=_OpenAISampling,
     **{name: (Any, Field(None, description=f"SGLang sampling parameter {name} (see SamplingParams)"))
        for name in FIELD_NAMES
        if name not in OPENAI_NAMES and name not in _OpenAISampling.model_fields},  # type: ignore[call-overload]
 )
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -133,7 +133,7 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)

@@ -17,7 +17,7 @@ import torch
 
 from sgl.runtime.attention.cascade import common_prefix_len
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
-from sgl.runtime.config import env_flag
+from sgl.runtime.config import settings
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.kernels import cpu as cpu_kernels
 from sgl.runtime.memory.kv_pool import KVPool
@@ -41,7 +41,7 @@ def _library() -> ctypes.CDLL | None:
 
 def kernel_supported(pool: KVPool) -> bool:
     """Whether the C kernel can serve this pool on this machine."""
-    if env_flag("SGL_DISABLE_CPU_ATTENTION"):
+    if settings().disable_cpu_attention:
         return False
     if pool.dtype != torch.bfloat16 or pool.head_dim not in (64, 128) or not pool.k_buffers:
         return False

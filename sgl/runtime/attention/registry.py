@@ -10,11 +10,11 @@ allowed only under TRITON_INTERPRET=1 (the kernels' CPU correctness mode).
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from sgl.runtime.attention.base import AttentionBackend
+from sgl.runtime.config import settings
 from sgl.runtime.memory.kv_pool import KVPool
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def create_attention_backend(
 
         return TorchAttentionBackend(pool)
     on_cuda = device is not None and torch.device(device).type == "cuda"
-    if not on_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if not on_cuda and not settings().triton_interpret:
         raise ValueError(
             "the triton attention backend needs the KV pool on a CUDA GPU; use 'cpu' or 'torch' on the CPU "
             "(or set TRITON_INTERPRET=1 to run the kernels in Triton's slow CPU interpreter)"

@@ -23,11 +23,11 @@ without one (leftmost-first semantics again).
 
 from __future__ import annotations
 
-import os
 from collections import deque
 
 import numpy as np
 
+from ..config import settings
 from .base import GrammarError
 from .byte_dfa import ByteDFA, regex_to_byte_dfa
 
@@ -37,7 +37,8 @@ _EOS_ID = 256  # the byte vocabulary's EOS id, outside 0..255
 
 
 def dfa_engine() -> str:
-    return os.environ.get("SGL_LAZY_DFA", "rust").lower()
+    """"rust" (default) or "interegular", the lazy_dfa setting (SGL_LAZY_DFA)."""
+    return settings().lazy_dfa
 
 
 def build_byte_dfa(regex: str, kind: str = "regex", engine: str | None = None) -> ByteDFA:

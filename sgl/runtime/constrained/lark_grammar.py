@@ -15,13 +15,12 @@ The finished mask is cached per lexer/parser state, so repeated states cost one 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..lru import LRU
 from .base import GrammarError
 from .byte_dfa import ByteDFA, regex_to_byte_dfa
 from .vocab import TokenizerInfo
@@ -39,17 +38,6 @@ _LOOKAROUND_FREE = {
 }
 
 
-class _LRU(OrderedDict):
-    def __init__(self, cap: int) -> None:
-        super().__init__()
-        self.cap = cap
-
-    def put(self, k: Any, v: Any) -> None:
-        self[k] = v
-        if len(self) > self.cap:
-            self.popitem(last=False)
-
-
 class CompiledLark:
     """Tables for one grammar x vocabulary, shared by all its matchers."""
 
@@ -65,11 +53,10 @@ class CompiledLark:
         self._load_terminals(lk)
         self._load_table(lk)
         self._eos = list(tok.eos_token_ids)
-        self._lock = threading.Lock()
         self._feed_memo: dict[tuple[Stack, str], Stack | None] = {}
         self._accepts_memo: dict[Stack, tuple[Cands, bool]] = {}
-        self._walk_memo: _LRU = _LRU(512)
-        self._mask_memo: _LRU = _LRU(1024)  # 49 KB each at a 49k vocab
+        self._walk_memo: LRU[tuple[int, int], tuple[np.ndarray, np.ndarray]] = LRU(512)
+        self._mask_memo: LRU[State, np.ndarray] = LRU(1024)  # 49 KB each at a 49k vocab
         ids, lens, mat = tok.byte_table()
         self._ids, self._lens, self._mat = ids, lens, mat
         self._initial: State = (self.start_stack, self.start_cands(self.start_stack), True)
@@ -234,10 +221,7 @@ class CompiledLark:
             m[self._ids[ok]] = True
             if self.can_end(state):
                 m[self._eos] = True
-            with self._lock:
-                self._mask_memo.put(state, m)
-        else:
-            self._mask_memo.move_to_end(state)
+            self._mask_memo.put(state, m)
         return m
 
     def _dfa_walk(self, t: int, s: int, rows: np.ndarray, offs: np.ndarray,
@@ -272,8 +256,7 @@ class CompiledLark:
             act = act[rem[act] > k]
         res = (used, state)
         if top:
-            with self._lock:
-                self._walk_memo.put(key, res)
+            self._walk_memo.put(key, res)
         return res
 
     def _walk(self, state: State, rows: np.ndarray, offs: np.ndarray, top: bool = False) -> np.ndarray:

@@ -14,11 +14,11 @@ position (a stack of states, so rollback is a pop). Same interface as RegexGramm
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import numpy as np
 import torch
 
+from ..lru import LRU
 from .base import GrammarError
 from .state_stack import TERMINATED, StateStackGrammar
 from .byte_dfa import ByteDFA
@@ -86,7 +86,7 @@ class CompiledLazyRegex:
         self._only_byte = live.argmax(axis=1)  # meaningful where outdeg == 1
         self._eos = np.array(tok.eos_token_ids, dtype=np.int64)
         self._eos_set = frozenset(tok.eos_token_ids)
-        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._masks: LRU[int, np.ndarray] = LRU(_MASK_CACHE_STATES)
         self._forced: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self.mask_computes = 0
@@ -101,17 +101,12 @@ class CompiledLazyRegex:
     # -- masks ----------------------------------------------------------------------
     def token_mask(self, state: int) -> np.ndarray:
         """Bool [vocab_size] of allowed non-EOS tokens from `state` (cached, packed)."""
-        with self._lock:
-            packed = self._masks.get(state)
-            if packed is not None:
-                self._masks.move_to_end(state)
+        packed = self._masks.get(state)
         if packed is None:
             m = VocabWalker.of(self.tok).allowed(self.trans, state)
             with self._lock:
                 self.mask_computes += 1
-                self._masks[state] = np.packbits(m)
-                while len(self._masks) > _MASK_CACHE_STATES:
-                    self._masks.popitem(last=False)
+            self._masks.put(state, np.packbits(m))
             return m
         return np.unpackbits(packed, count=self.tok.vocab_size).view(bool)
 

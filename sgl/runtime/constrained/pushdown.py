@@ -21,10 +21,10 @@ pops a per-token history of configurations.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 import numpy as np
 import torch
 
+from ..lru import LRU
 from .base import GrammarError
 from .lazy_regex import VocabWalker
 from .pushdown_build import PushdownTables
@@ -51,8 +51,8 @@ class CompiledPushdown:
         self.initial: Config = frozenset({(0, 0)})
         self._eos = list(tok.eos_token_ids)
         self._eos_set = frozenset(tok.eos_token_ids)
-        self._frames: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
-        self._configs: OrderedDict[Config, np.ndarray] = OrderedDict()
+        self._frames: LRU[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = LRU(_FRAME_CACHE)
+        self._configs: LRU[Config, np.ndarray] = LRU(_CONFIG_CACHE)
         self._lock = threading.Lock()
         self.frame_computes = 0
 
@@ -169,11 +169,9 @@ class CompiledPushdown:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(packed row mask of tokens staying above the frame, exit offsets, exit rows)."""
         key = (m, s)
-        with self._lock:
-            got = self._frames.get(key)
-            if got is not None:
-                self._frames.move_to_end(key)
-                return got
+        got = self._frames.get(key)
+        if got is not None:
+            return got
         w = VocabWalker.of(self.tok)
         n = w.ids.size
         out = np.zeros(n, dtype=bool)
@@ -191,17 +189,12 @@ class CompiledPushdown:
         got = (np.packbits(out), ek, er)
         with self._lock:
             self.frame_computes += 1
-            self._frames[key] = got
-            while len(self._frames) > _FRAME_CACHE:
-                self._frames.popitem(last=False)
+        self._frames.put(key, got)
         return got
 
     def token_mask(self, config: Config) -> np.ndarray:
         """Bool [vocab_size] of allowed non-EOS tokens in `config` (cached, packed)."""
-        with self._lock:
-            packed = self._configs.get(config)
-            if packed is not None:
-                self._configs.move_to_end(config)
+        packed = self._configs.get(config)
         if packed is None:
             w = VocabWalker.of(self.tok)
             n = w.ids.size
@@ -219,10 +212,7 @@ class CompiledPushdown:
                     self._walk(items, rows, None)
             m = np.zeros(self.tok.vocab_size, dtype=bool)
             m[w.ids[rows]] = True
-            with self._lock:
-                self._configs[config] = np.packbits(m)
-                while len(self._configs) > _CONFIG_CACHE:
-                    self._configs.popitem(last=False)
+            self._configs.put(config, np.packbits(m))
             return m
         return np.unpackbits(packed, count=self.tok.vocab_size).view(bool)
 

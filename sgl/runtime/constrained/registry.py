@@ -3,8 +3,8 @@
 `compile_grammar(kind, spec, tok)` is the one entry point the scheduler and the public
 matcher use. Kinds: "regex", "json_schema", "choices" (regex family) and "ebnf" (GBNF,
 translated to Lark), "lark" (our LALR mask engine). The regex family runs on the lazy
-backend (lazy_regex.py: byte DFA, masks per state on demand) unless
-`SGL_REGEX_BACKEND=outlines` asks for a full outlines-core Index. Compiled tables are
+backend (lazy_regex.py: byte DFA, masks per state on demand) unless the regex_backend
+setting (SGL_REGEX_BACKEND=outlines) asks for a full outlines-core Index. Compiled tables are
 cached in memory (LRU) and, for the regex family, on disk (the byte DFA, or the Index);
 every call returns a new matcher at the start state sharing the tables. A json_schema
 whose conversion needs sub-machines (recursive $refs, free-form values, very large
@@ -21,25 +21,31 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import threading
 from typing import Any
 
-from ..config import env_flag
+from ..config import Settings, settings
+from ..lru import LRU
 from .base import Grammar, GrammarError
-from .cache import DiskCache, LRUCache, cache_key
+from .cache import DiskCache, cache_key
 from .kinds import CONSTRAINT_KINDS as KINDS
 from .vocab import TokenizerInfo
 
 _INDEX_KINDS = ("regex", "json_schema", "choices")
 
-_memory = LRUCache(int(os.environ.get("SGL_GRAMMAR_CACHE_ENTRIES", "256")))
+_memory: LRU[str, Any] = LRU(settings().grammar_cache_entries)
+
+
+def _settings() -> Settings:
+    # A bad variable fails the compile (and so only its request), not the decode loop.
+    try:
+        return settings()
+    except ValueError as e:
+        raise GrammarError(str(e)) from None
 
 
 def _disk() -> DiskCache | None:
-    if not env_flag("SGL_GRAMMAR_DISK_CACHE", default=True):
-        return None
-    return DiskCache()
+    return DiskCache() if _settings().grammar_disk_cache else None
 
 
 def normalize_spec(kind: str, spec: Any) -> str:
@@ -63,11 +69,8 @@ def normalize_spec(kind: str, spec: Any) -> str:
 
 
 def regex_backend() -> str:
-    """"lazy" (default) or "outlines", from SGL_REGEX_BACKEND."""
-    b = os.environ.get("SGL_REGEX_BACKEND", "lazy").lower()
-    if b not in ("lazy", "outlines"):
-        raise GrammarError(f"SGL_REGEX_BACKEND={b!r}: expected 'lazy' or 'outlines'")
-    return b
+    """"lazy" (default) or "outlines", the regex_backend setting (SGL_REGEX_BACKEND)."""
+    return _settings().regex_backend
 
 
 def _memory_key(kind: str, spec_s: str, tok: TokenizerInfo) -> str:
@@ -192,8 +195,7 @@ def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCach
         return dfa
 
     # Sub-machines are built on first use unless SGL_PUSHDOWN_LAZY=0 (all at compile).
-    lazy = env_flag("SGL_PUSHDOWN_LAZY", default=True)
-    tables = build_tables(machines.root, machines.subs, build, kind, build_intersect, lazy)
+    tables = build_tables(machines.root, machines.subs, build, kind, build_intersect, _settings().pushdown_lazy)
     return CompiledPushdown(tables, tok, kind)
 
 

@@ -14,17 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any, Iterable
 
 import numpy as np
+
+from .. import config
 
 BYTE_LEVEL = "byte_level"
 SENTENCEPIECE = "sentencepiece"
 RAW = "raw"
 
 
-@lru_cache(maxsize=1)
+@cache
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's byte->printable-char table.
 
@@ -248,12 +250,10 @@ def cached_gguf_tokenizer_info(path: str, cache_dir: str | None = None) -> Token
     """`TokenizerInfo.from_gguf`, memoized on disk (reading GGUF strings takes seconds)."""
     import os
     import pickle
-    from pathlib import Path
 
     st = os.stat(path)
     key = hashlib.sha256(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(cache_dir or os.environ.get("SGL_CACHE_DIR") or Path.home() / ".cache" / "sgl")
-    p = root / "grammars" / f"tokinfo-{key}.pkl"
+    p = config.cache_dir(cache_dir) / "grammars" / f"tokinfo-{key}.pkl"
     try:
         with open(p, "rb") as f:
             info = pickle.load(f)

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerFast
 
+from sgl.runtime.config import cache_dir as cache_root
 from sgl.runtime.models.config import ModelConfig
 from sgl.runtime.models.gguf_convert import convert_gguf_to_hf
 from sgl.runtime.models.registry import model_class
@@ -58,11 +59,6 @@ def embedded_gguf_path() -> Path:
     if not path.exists():
         raise ValueError(f"{path} not found inside the {EMBEDDED_PACKAGE} package")
     return path
-
-
-def cache_root(cache_dir: str | None = None) -> Path:
-    """The explicit argument wins, then $SGL_CACHE_DIR, then ~/.cache/sgl."""
-    return Path(cache_dir or os.environ.get("SGL_CACHE_DIR") or Path.home() / ".cache" / "sgl")
 
 
 def gguf_cache_dir(gguf_path: Path, cache_dir: str | None = None) -> Path:

@@ -1,0 +1,159 @@
+"""The OpenAI handlers in-process against a fake engine (no model): routes come only from
+`create_app`, and streamed deltas add up to the non-streamed answer.
+
+The fake's output is a pure function of the prompt (the prompt reversed, repeated to
+max_tokens characters; one character per token), so every shape can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi import APIRouter
+from fastapi.testclient import TestClient
+
+from sgl.server import app as app_module
+from sgl.server import native_api, openai_api, openai_chat, openai_completions
+from sgl.server.app import create_app
+
+
+class CharTokenizer:
+    """One printable ASCII character per token."""
+
+    eos_token = None
+
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(32 + i): i for i in range(95)}
+
+    def __len__(self) -> int:
+        return 95
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [ord(c) - 32 for c in text]
+
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return "".join(chr(32 + i) for i in ids)
+
+
+def reply(prompt: str, n: int) -> str:
+    return (prompt[::-1] * n)[:n]
+
+
+class FakeEngine:
+    model_path = "fake-model"
+    context_length = 512
+    chat_template = None
+
+    def __init__(self) -> None:
+        self.tokenizer = CharTokenizer()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<a>" if add_generation_prompt else "")
+
+    async def async_generate(self, prompt: str | None = None, sampling_params: dict | None = None,
+                             input_ids: list[int] | None = None, stream: bool = False, **_: Any) -> Any:
+        text = prompt if prompt is not None else self.tokenizer.decode(input_ids or [])
+        sp = sampling_params or {}
+        out = reply(text, sp["max_new_tokens"])
+
+        def result(t: str, done: bool) -> dict[str, Any]:
+            return {"text": t, "meta_info": {"prompt_tokens": len(text), "completion_tokens": len(t),
+                                             "cached_tokens": 0, "finish_reason": {"type": "length"} if done else None}}
+
+        if not stream:
+            n = sp.get("n", 1)
+            return result(out, True) if n == 1 else [result(out, True) for _ in range(n)]
+
+        async def chunks() -> Any:
+            for k in range(1, len(out) + 1):
+                yield result(out[:k], k == len(out))
+
+        return chunks()
+
+    def abort(self, rid: str) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {}
+
+
+@pytest.fixture(scope="module")
+def http():
+    with TestClient(create_app(FakeEngine(), served_model_name="m")) as c:
+        yield c
+
+
+def frames(body: str) -> list[Any]:
+    out = []
+    for line in body.splitlines():
+        if line.startswith("data: "):
+            out.append(None if line == "data: [DONE]" else json.loads(line[6:]))
+    return out
+
+
+def test_routes_come_from_create_app_only():
+    for module in (native_api, openai_api, openai_completions, openai_chat, app_module):
+        assert not [v for v in vars(module).values() if isinstance(v, APIRouter)], module.__name__
+    paths = {r.path for r in create_app(FakeEngine()).routes}
+    assert {"/v1/models", "/v1/completions", "/v1/chat/completions", "/generate", "/health"} <= paths
+
+
+def test_completions_two_prompts_with_echo(http):
+    r = http.post("/v1/completions", json={"model": "m", "prompt": ["abc", "xy"], "max_tokens": 4, "echo": True})
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "text_completion" and body["model"] == "m"
+    assert [c["text"] for c in body["choices"]] == ["abc" + reply("abc", 4), "xy" + reply("xy", 4)]
+    assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_completions_stream_adds_up(http):
+    req = {"model": "m", "prompt": [[65, 66, 67]], "max_tokens": 5, "n": 2, "stream": True,
+           "stream_options": {"include_usage": True}}
+    fs = frames(http.post("/v1/completions", json=req).text)
+    assert fs[-1] is None
+    texts = {0: "", 1: ""}
+    for f in fs[:-2]:
+        (c,) = f["choices"]
+        texts[c["index"]] += c["text"]
+        assert f["usage"] is None and f["object"] == "text_completion"
+    assert texts == {0: reply("abc", 5), 1: reply("abc", 5)}  # ids 65.. are "a"..: chr(32 + id)
+    assert fs[-2]["choices"] == [] and fs[-2]["usage"]["completion_tokens"] == 10
+    assert fs[-2]["usage"]["prompt_tokens"] == 3  # once per prompt, not per choice
+
+
+def test_chat_plain_and_streamed(http):
+    msgs = [{"role": "user", "content": "hello"}]
+    prompt = "<user>hello<a>"
+    body = http.post("/v1/chat/completions", json={"model": "m", "messages": msgs, "max_tokens": 6}).json()
+    assert body["object"] == "chat.completion" and body["system_fingerprint"] is None
+    (c,) = body["choices"]
+    assert c["message"] == {"role": "assistant", "content": reply(prompt, 6)} and c["finish_reason"] == "length"
+    fs = frames(http.post("/v1/chat/completions",
+                          json={"model": "m", "messages": msgs, "max_tokens": 6, "stream": True}).text)
+    assert fs[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(f["object"] == "chat.completion.chunk" for f in fs[:-1])
+    assert "".join(f["choices"][0]["delta"].get("content", "") for f in fs[1:-1]) == reply(prompt, 6)
+    assert fs[-2]["choices"][0]["finish_reason"] == "length" and fs[-1] is None
+
+
+def test_chat_without_max_tokens_fills_the_context(http):
+    prompt = "<user>hi<a>"
+    body = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert body.json()["usage"]["completion_tokens"] == FakeEngine.context_length - len(prompt)
+
+
+def test_bad_requests_name_the_field(http):
+    r = http.post("/v1/completions", json={"model": "m", "prompt": [], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = http.post("/v1/completions", json={"model": "other", "prompt": "a"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                "max_tokens": 2, "top_logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
