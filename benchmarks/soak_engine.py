@@ -119,7 +119,8 @@ def _stack(stderr: str) -> str:
 
 
 def one_run(env_extra: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ, **env_extra)
+    # PYTHONPATH: the child soaks this checkout's sgl, not whichever copy is installed.
+    env = dict(os.environ, **env_extra, PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", "--prompts", str(args.prompts), "--shots", str(args.shots),
            "--max-rows", str(args.max_rows)]
