@@ -29,6 +29,12 @@ class PackedWeight:
     max_rows: int  # largest row count verified to give F.linear's exact bits here
 
 
+def _reorder(w: torch.Tensor) -> torch.Tensor:
+    # The batch-size hint picks oneDNN's blocked layout; products at other row counts are
+    # checked against F.linear by _verified_rows before any is used.
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)
+
+
 def _packed_mm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
@@ -52,7 +58,7 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None,
     if w.device.type != "cpu" or w.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
         return None
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1)
+        packed = _reorder(w)
         key = (tuple(w.shape), bias is not None)
         rows = verified.get(key) if verified is not None else None
         if rows is None:
