@@ -52,7 +52,7 @@ class Runtime:
         if log_level:
             args["log_level"] = log_level
         cmd = [sys.executable, "-m", "sgl.launch_server", *_cli_args(args)]
-        self.proc: subprocess.Popen | None = subprocess.Popen(cmd, env=dict(os.environ), start_new_session=True)
+        self.proc: subprocess.Popen | None = subprocess.Popen(cmd, start_new_session=True)
         atexit.register(self.shutdown)
         deadline = time.monotonic() + launch_timeout
         while True:
