@@ -60,14 +60,12 @@ GROUPS = [  # first match wins; names are op names as the profiler reports them
 def label_c_kernels() -> None:
     """Wrap the C library's entry points in record_function ranges (on the loaded ctypes
     object only, no code change), so their time is not lumped into "Python between ops"."""
-    from sgl.runtime.attention import cpu_backend
-    from sgl.runtime.kernels import cpu as cpu_kernels
-    from sgl.runtime.kernels.cpu import ops as cpu_ops
+    from sgl.runtime.kernels.cpu import binding
 
-    lib = cpu_kernels.load()
-    if lib is None:
+    kernels = binding.kernels()  # declares every function; its wrappers look them up on `lib` per call
+    if kernels is None:
         return
-    cpu_ops.library(), cpu_backend._library()  # their argtypes are declared on first use
+    lib = kernels.lib
     for name, label in (("sgl_attn_forward", "sgl::c_attention"), ("sgl_decode_step", "sgl::c_decode"),
                         ("sgl_ops_rmsnorm", "sgl::c_ops"), ("sgl_ops_add_rmsnorm", "sgl::c_ops"),
                         ("sgl_ops_rope", "sgl::c_ops"), ("sgl_ops_silu_mul", "sgl::c_ops")):

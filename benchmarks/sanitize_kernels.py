@@ -59,8 +59,7 @@ def main() -> int:
     # oneDNN's weight packing throws on CPUs without bf16 GEMMs; packing is not our C code.
     llama.pack_weight = lambda *args, **kwargs: None
     sanitized = ctypes.CDLL(os.environ["SGL_ASAN_LIB"])
-    cpu_kernels._declare(sanitized)
-    cpu_kernels._libs["native"] = sanitized  # every caller's load() now returns the sanitized build
+    cpu_kernels._libs["native"] = sanitized  # load() now returns the sanitized build, which binding.py declares
     print(f"kernels built with {' '.join(FLAGS[:5])}: {os.environ['SGL_ASAN_LIB']}")
     return int(pytest.main(["-q", "-p", "no:cacheprovider", *(sys.argv[1:] or DEFAULT_TESTS)]))
 

@@ -14,13 +14,13 @@ import torch
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.executor.model_runner import ModelRunner
-from sgl.runtime.kernels import cpu as cpu_kernels
+from sgl.runtime.kernels.cpu import binding
 from sgl.runtime.kernels.cpu.decode import MAX_ROWS, CpuDecoder
 from sgl.runtime.memory.kv_pool import KVPool
 from sgl.runtime.models.llama import LlamaForCausalLM, tiny_config, tiny_random_model
 from sgl.runtime.models.loader import load_model
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler for the CPU kernel")
+pytestmark = pytest.mark.skipif(binding.kernels() is None, reason="no C compiler for the CPU kernel")
 
 
 def _setup(model: LlamaForCausalLM, ctx_lens: list[int], seed: int = 0):
@@ -218,10 +218,10 @@ def test_two_threads_give_bit_identical_logits_also_when_callers_race():
 
 def test_portable_build_without_avx512_matches_torch():
     """CPUs without AVX512-BF16 get the plain-C loops: build that variant explicitly."""
-    lib = cpu_kernels.load("x86-64-v2")
+    lib = binding.kernels("x86-64-v2")
     if lib is None:
         pytest.skip("cannot build the portable variant here")
-    assert lib.sgl_decode_simd() == 0
+    assert not lib.decode_simd()
     config = tiny_config(hidden_size=72, num_heads=3, num_kv_heads=1, head_dim=24, intermediate_size=100,
                          vocab_size=300, attention_bias=True)
     model = tiny_random_model(config, dtype=torch.bfloat16, seed=5)

@@ -13,16 +13,14 @@ tokens) with the ops on vs SGL_DISABLE_CPU_OPS=1: identical logits.
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.kernels import cpu as cpu_kernels
 from sgl.runtime.memory.kv_pool import KVPool
+from sgl.runtime.kernels.cpu import binding
 from sgl.runtime.kernels.cpu import ops as cpu_ops
 from sgl.runtime.models.llama import tiny_config, tiny_random_model
 from sgl.runtime.models.loader import load_model
@@ -43,15 +41,15 @@ def _norm_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(params=["native", "portable"])
-def lib(request, monkeypatch) -> ctypes.CDLL:
+def lib(request, monkeypatch) -> binding.Kernels:
     """The library the wrappers call: the native build, or the plain-C one (x86-64-v2)."""
     if request.param == "native":
         return cpu_ops.library()
-    portable = cpu_kernels.load("x86-64-v2")
+    portable = binding.kernels("x86-64-v2")
     if portable is None:
         pytest.skip("cannot build the portable variant here")
-    monkeypatch.setattr(cpu_ops, "_lib", cpu_ops.declare(portable))
-    assert portable.sgl_ops_simd() == 0
+    monkeypatch.setattr(cpu_ops, "_lib", portable)
+    assert not portable.ops_simd()
     return portable
 
 
@@ -71,7 +69,7 @@ def test_rmsnorm_and_add_rmsnorm(lib, rows, n, threads):
     assert torch.equal(xs, x + y)  # the residual is updated in place, rounded as torch's add
     _assert_same_bits(out, _norm_ref(x + y, w))
     xs = x.clone()  # the C entry point without an output: the add alone
-    lib.sgl_ops_add_rmsnorm(xs.data_ptr(), y.data_ptr(), w.data_ptr(), None, rows, n, EPS, threads)
+    lib.add_rmsnorm(xs.data_ptr(), y.data_ptr(), w.data_ptr(), None, rows, n, EPS, threads)
     assert torch.equal(xs, x + y)
 
 

@@ -1,4 +1,5 @@
-"""CPU attention backend: the torch backend with attention itself in C (kernels/cpu/attention.c).
+"""CPU attention backend: the torch backend with attention itself in C (kernels/cpu/attention.c,
+bound in kernels/cpu/binding.py).
 
 Per layer the new K/V go into the pool as in the torch backend; then one C call attends
 every query of the step over the pool in place: prefill, extend after a cached prefix,
@@ -11,32 +12,24 @@ cases (and `SGL_DISABLE_CPU_ATTENTION=1`) keep the torch backend's code.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from sgl.runtime.attention.cascade import common_prefix_len
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.config import settings
 from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.kernels import cpu as cpu_kernels
+from sgl.runtime.kernels.cpu import binding
+from sgl.runtime.kernels.cpu.binding import AttnParams, Kernels, Status
 from sgl.runtime.memory.kv_pool import KVPool
 
 # A shared prefix shorter than one softmax step of the kernel is not worth a segment.
 MIN_SHARED = 32
 
 
-def _library() -> ctypes.CDLL | None:
-    lib = cpu_kernels.load()
-    if lib is None or not hasattr(lib, "sgl_attn_forward"):
-        return None
-    p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-    lib.sgl_attn_forward.restype = i
-    lib.sgl_attn_forward.argtypes = [p, i64, p, p, p, p, i64, i, p, p, p, i, i, i, i, f, p, i]
-    lib.sgl_attn_ws_bytes.restype = i64
-    lib.sgl_attn_ws_bytes.argtypes = [i, p, p, i, i, i]
-    lib.sgl_attn_simd.restype = i
-    return lib if lib.sgl_attn_simd() else None
+def _library() -> Kernels | None:
+    """The bound kernel library where its attention has SIMD (AVX512-BF16) code, or None."""
+    kernels = binding.kernels()
+    return kernels if kernels is not None and kernels.attn_simd() else None
 
 
 def kernel_supported(pool: KVPool) -> bool:
@@ -53,7 +46,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         super().__init__(pool)
         self.lib = _library() if kernel_supported(pool) else None
         self._ws = torch.empty(0, dtype=torch.uint8)
-        self._args: tuple | None = None  # the step's ctypes arguments (kept alive with their tensors)
+        self._args: tuple | None = None  # the step's parameters and the tensors they point into
 
     def init_forward(self, batch: ForwardBatch) -> None:
         if self.lib is None:
@@ -72,12 +65,15 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if nreq > 1:
             qst[1:] = torch.cumsum(ext[:-1], 0)
         pool = self.pool
-        need = self.lib.sgl_attn_ws_bytes(nreq, pre.data_ptr(), ext.data_ptr(), shared, pool.num_kv_heads,
-                                          pool.head_dim)
+        d = pool.head_dim
+        params = AttnParams(rows=rows.data_ptr(), row_stride=rows.stride(0), nreq=nreq, q_start=qst.data_ptr(),
+                            prefix=pre.data_ptr(), extend=ext.data_ptr(), shared=shared, nkv=pool.num_kv_heads,
+                            d=d, scale=d ** -0.5, threads=2 if torch.get_num_threads() >= 2 else 1)
+        need = self.lib.attn_ws_bytes(params)
         if self._ws.numel() < need:
             self._ws = torch.empty(int(need * 1.25) + 4096, dtype=torch.uint8)
-        threads = 2 if torch.get_num_threads() >= 2 else 1
-        self._args = (rows, qst, pre, ext, nreq, shared, threads)
+        params.ws = self._ws.data_ptr()
+        self._args = (params, rows, qst, pre, ext)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch) -> torch.Tensor:
@@ -85,16 +81,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return super().forward(q, k, v, layer_id, batch)
         pool = self.pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
-        rows, qst, pre, ext, nreq, shared, threads = self._args
+        params = self._args[0]
         t, h, d = q.shape
         q = q.to(torch.bfloat16)
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
         out = torch.empty((t, h, d), dtype=torch.bfloat16)
-        rc = self.lib.sgl_attn_forward(
-            q.data_ptr(), q.stride(0), out.data_ptr(), pool.k_buffers[layer_id].data_ptr(),
-            pool.v_buffers[layer_id].data_ptr(), rows.data_ptr(), rows.stride(0), nreq, qst.data_ptr(),
-            pre.data_ptr(), ext.data_ptr(), shared, h, pool.num_kv_heads, d, d ** -0.5, self._ws.data_ptr(), threads)
-        if rc != 0:
-            raise RuntimeError(f"CPU attention kernel failed (code {rc}); set SGL_DISABLE_CPU_ATTENTION=1 to use torch")
+        params.q, params.q_stride, params.out, params.nh = q.data_ptr(), q.stride(0), out.data_ptr(), h
+        params.k_pool, params.v_pool = pool.k_buffers[layer_id].data_ptr(), pool.v_buffers[layer_id].data_ptr()
+        rc = self.lib.attn_forward(params)
+        if rc != Status.OK:
+            raise RuntimeError(f"CPU attention kernel failed ({rc.message}); set SGL_DISABLE_CPU_ATTENTION=1 "
+                               "to use torch")
         return out

@@ -5,8 +5,8 @@ library with `-O3 -march=native` in `$SGL_CACHE_DIR/kernels/` (default ~/.cache/
 keyed by a hash of the sources, the compiler and the CPU's flags, and returns the ctypes
 library, or None (with one warning) where no compiler is present or the build fails;
 callers then keep the torch path. The build takes a few seconds; later processes reuse
-the cached library. The decode step's functions are declared here, the attention and
-fused-op functions by the modules that call them (cpu_backend.py, cpu_ops.py).
+the cached library. Its C interface is one header, sgl_kernels.h, bound once in
+binding.py; callers use `binding.kernels()`, not the bare library returned here.
 """
 
 from __future__ import annotations
@@ -57,21 +57,9 @@ def _build(cc: str, out: Path, march: str) -> None:
             os.unlink(tmp)
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-    lib.sgl_decode_step.restype = i
-    lib.sgl_decode_step.argtypes = [i, p, p, p, p, i, i, i, i, i, i, f, p, p, i,
-                                    p, p, p, p, p, p, i64, i, p, p, p, i]
-    lib.sgl_decode_ws.restype = i64
-    lib.sgl_decode_ws.argtypes = [i, i, i, i, i, i, i]
-    lib.sgl_decode_fws.restype = i64
-    lib.sgl_decode_fws.argtypes = [i, i, i, i]
-    lib.sgl_decode_fields.restype = i
-    lib.sgl_decode_simd.restype = i
-
-
 def load(march: str = "native") -> ctypes.CDLL | None:
-    """The compiled decode library, or None if it cannot be built here. `march` other
+    """The compiled kernel library (undeclared: see binding.py), or None if it cannot be
+    built here. `march` other
     than native builds a portable variant (tests use it for the non-AVX512 code path)."""
     if march not in _libs:
         _libs[march] = _load(march)
@@ -90,7 +78,6 @@ def _load(march: str) -> ctypes.CDLL | None:
         if not out.exists():
             _build(cc, out, march)
         lib = ctypes.CDLL(str(out))
-        _declare(lib)
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         log.warning("building the CPU decode kernel failed (torch path instead): %s", detail[-500:])

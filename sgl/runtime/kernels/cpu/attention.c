@@ -20,6 +20,7 @@
  * probabilities rounded to bf16 for the value products, fp32 accumulation, output
  * rounded to bf16.
  */
+#include "sgl_kernels.h"
 #include "simd.h"
 #include "team.h"
 
@@ -49,10 +50,10 @@ typedef struct {
 static int pad_keys(int n) { return (n + KSTEP - 1) / KSTEP * KSTEP; }
 
 /* Bytes of packed K/V for this step (the caller's workspace). */
-int64_t sgl_attn_ws_bytes(int nreq, const int32_t *pre, const int32_t *ext, int shared, int nkv, int d) {
-    int64_t keys = pad_keys(shared);
-    for (int i = 0; i < nreq; i++) keys += pad_keys(pre[i] + ext[i] - shared);
-    return keys * nkv * d * 2 * (int64_t)sizeof(bf16);
+int64_t sgl_attn_ws_bytes(const sgl_attn_params *p) {
+    int64_t keys = pad_keys(p->shared);
+    for (int i = 0; i < p->nreq; i++) keys += pad_keys(p->prefix[i] + p->extend[i] - p->shared);
+    return keys * p->nkv * p->d * 2 * (int64_t)sizeof(bf16);
 }
 
 int sgl_attn_simd(void) {
@@ -256,14 +257,15 @@ static void attend_chunk(void *arg, int c) {
 #endif
 
 /* out [T, nh, d] = attention of the step's queries (see the top of the file). ws holds
- * sgl_attn_ws_bytes(...) bytes. Returns 0, or -1 where this build or shape is not
- * supported (no AVX512-BF16, d not 64 or 128): the caller then uses torch. */
-int sgl_attn_forward(const bf16 *q, int64_t qs, bf16 *out, const bf16 *kb, const bf16 *vb, const int64_t *rows,
-                     int64_t rs, int nreq, const int32_t *qst, const int32_t *pre, const int32_t *ext, int shared,
-                     int nh, int nkv, int d, float scale, void *ws, int threads) {
+ * sgl_attn_ws_bytes(p) bytes. Returns SGL_ERR_UNSUPPORTED where this build or shape is
+ * not supported (no AVX512-BF16, d not 64 or 128): the caller then uses torch. */
+sgl_status sgl_attn_forward(const sgl_attn_params *p) {
 #ifdef SGL_BF16_SIMD
-    if ((d != 64 && d != 128) || nh % nkv != 0) return -1;
-    job_t J = {q, qs, out, kb, vb, rows, rs, qst, pre, ext, nreq, shared, nh, nkv, d, nh / nkv, scale, ws};
+    const int nreq = p->nreq, shared = p->shared, nkv = p->nkv, d = p->d;
+    const int32_t *pre = p->prefix, *ext = p->extend;
+    if ((d != 64 && d != 128) || p->nh % nkv != 0) return SGL_ERR_UNSUPPORTED;
+    job_t J = {p->q, p->q_stride, p->out, p->k_pool, p->v_pool, p->rows, p->row_stride, p->q_start, pre, ext,
+               nreq, shared, p->nh, nkv, d, p->nh / nkv, p->scale, p->ws};
     int nitems = 0;
     for (int i = 0; i < nreq; i++) nitems += (ext[i] + QBLOCK - 1) / QBLOCK * nkv;
     J.seg_off = malloc(sizeof(int64_t) * (nreq + 1));
@@ -271,7 +273,7 @@ int sgl_attn_forward(const bf16 *q, int64_t qs, bf16 *out, const bf16 *kb, const
     J.items = malloc(sizeof(int32_t) * 3 * (nitems + 1));
     if (!J.seg_off || !J.seg_pad || !J.items) {
         free(J.seg_off), free(J.seg_pad), free(J.items);
-        return -2;
+        return SGL_ERR_NO_MEMORY;
     }
     int64_t off = 0;
     for (int s = 0; s <= nreq; s++) {
@@ -288,7 +290,7 @@ int sgl_attn_forward(const bf16 *q, int64_t qs, bf16 *out, const bf16 *kb, const
                 J.items[3 * n] = i, J.items[3 * n + 1] = g, J.items[3 * n + 2] = j0;
                 n++;
             }
-    int team = threads > 1 && team_acquire();
+    int team = p->threads > 1 && team_acquire();
     int npack = (nreq + 1) * nkv;
     if (team) {
         team_run(pack_chunk, &J, npack);
@@ -300,10 +302,9 @@ int sgl_attn_forward(const bf16 *q, int64_t qs, bf16 *out, const bf16 *kb, const
         for (int c = 0; c < nitems; c++) attend_chunk(&J, c);
     }
     free(J.seg_off), free(J.seg_pad), free(J.items);
-    return 0;
+    return SGL_OK;
 #else
-    (void)q, (void)qs, (void)out, (void)kb, (void)vb, (void)rows, (void)rs, (void)nreq, (void)qst, (void)pre,
-        (void)ext, (void)shared, (void)nh, (void)nkv, (void)d, (void)scale, (void)ws, (void)threads;
-    return -1;
+    (void)p;
+    return SGL_ERR_UNSUPPORTED;
 #endif
 }

@@ -8,13 +8,16 @@
  * AVX512-BF16 dot products (fp32 accumulation) where the CPU has them.
  *
  * Rounding follows the torch path: activations are rounded to bf16 after every op that
- * rounds there (norm, projections, RoPE terms, residual adds, SiLU, product), so the
- * results agree with the eager model to bf16 rounding of sums taken in another order.
- * All tensors are contiguous; bf16 is passed as uint16_t. With `threads` = 2 the
- * matrix-vector products split their rows with one helper thread (team.c): one core
- * reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the caller's thread.
+ * rounds there (norm, projections, RoPE terms, residual adds, SiLU, product); the norms,
+ * RoPE and SiLU*up are the fused ops' row kernels (rows.h), torch's bits, so the results
+ * agree with the eager model to bf16 rounding of the products' sums, taken in another
+ * order. Arguments travel in the structs of sgl_kernels.h; all tensors are contiguous.
+ * With `threads` = 2 the matrix-vector products split their rows with one helper thread
+ * (team.c): one core reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the
+ * caller's thread.
  */
-#include "simd.h"
+#include "rows.h"
+#include "sgl_kernels.h"
 #include "team.h"
 
 #include <math.h>
@@ -44,8 +47,6 @@ static float dot(const bf16 *w, const bf16 *x, int n) {
 #endif
 }
 
-/* y[b, o] = bf16(sum_k W[o, k] x[b, k] (+ bias[o])) for B rows; W streamed once, row by
- * row in address order (interleaving several rows' streams measured ~2x slower here). */
 #define MAX_SIMD_ROWS 8
 
 /* y[b, o] = bf16(sum_k W[o, k] x[b, k] (+ bias[o])) for B rows; W streamed once, row by
@@ -104,30 +105,6 @@ static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf1
     }
     GemvJob j = {W, X, bias, Y, B, out, in};
     team_run(gemv_chunk, &j, (out + GEMV_CHUNK - 1) / GEMV_CHUNK);
-}
-
-/* out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), as RMSNorm in the torch model. */
-static void rmsnorm(const bf16 *x, const bf16 *w, int n, float eps, bf16 *out) {
-    float ss = 0.f;
-    for (int i = 0; i < n; i++) {
-        float v = bf2f(x[i]);
-        ss += v * v;
-    }
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = f2bf(bf2f(w[i]) * rf(bf2f(x[i]) * r));
-}
-
-/* Rotate-half RoPE on `nh` heads of size d in place; cos/sin rows hold d/2 values. */
-static void rope(bf16 *x, int nh, int d, const bf16 *cs, const bf16 *sn) {
-    int h2 = d / 2;
-    for (int h = 0; h < nh; h++) {
-        bf16 *v = x + (int64_t)h * d;
-        for (int i = 0; i < h2; i++) {
-            float a = bf2f(v[i]), b = bf2f(v[i + h2]), c = bf2f(cs[i]), s = bf2f(sn[i]);
-            v[i] = f2bf(rf(a * c) + rf(-b * s));
-            v[i + h2] = f2bf(rf(b * c) + rf(a * s));
-        }
-    }
 }
 
 /* s[j] = exp(s[j] - mx) in place; returns the sum. */
@@ -217,10 +194,7 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
     }
 }
 
-/* Per-layer weight pointers, in this order, as int64 addresses (0 = absent bias). */
-enum { L_LN1, L_QKV, L_QKV_B, L_O, L_O_B, L_LN2, L_GU, L_DOWN, L_K, L_V, L_FIELDS };
-
-int sgl_decode_fields(void) { return L_FIELDS; }
+int sgl_decode_fields(void) { return SGL_L_FIELDS; }
 
 int sgl_decode_simd(void) {
 #ifdef SGL_BF16_SIMD
@@ -230,66 +204,58 @@ int sgl_decode_simd(void) {
 #endif
 }
 
-/* Workspace sizes for B rows: bf16 elements and float elements. */
-int64_t sgl_decode_ws(int B, int hidden, int nh, int nkv, int d, int inter, int vocab) {
-    return (int64_t)B * (3 * hidden + (nh + 2 * nkv) * d + nh * d + 3 * inter + vocab);
+/* Workspace sizes for `rows` rows: bf16 elements and float elements. */
+int64_t sgl_decode_ws(const sgl_decode_model *m, int rows) {
+    return (int64_t)rows * (3 * m->hidden + (m->nh + 2 * m->nkv) * m->d + m->nh * m->d + 3 * m->inter + m->vocab);
 }
-int64_t sgl_decode_fws(int nh, int nkv, int d, int max_len) {
-    return (int64_t)(nh + 1) * d + (int64_t)(nh / nkv) * max_len;
+int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
+    return (int64_t)(m->nh + 1) * m->d + (int64_t)(m->nh / m->nkv) * max_len;
 }
 
-/* Returns 0, or -1 if a context is longer than max_len (the caller's scratch size). */
-int sgl_decode_step(int n_layers, const int64_t *layers, const bf16 *embed, const bf16 *norm_w,
-                    const bf16 *head_w, int vocab, int hidden, int nh, int nkv, int d, int inter,
-                    float eps, const bf16 *rope_cos, const bf16 *rope_sin, int B,
-                    const int64_t *input_ids, const int64_t *positions, const int64_t *out_loc,
-                    const int64_t *req_rows, const int64_t *seq_lens, const int64_t *req_to_token,
-                    int64_t r2t_stride, int max_len, bf16 *ws, float *fws, float *logits, int threads) {
+sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt) {
+    const int B = bt->rows, hidden = m->hidden, nh = m->nh, nkv = m->nkv, d = m->d, inter = m->inter;
+    const int64_t *positions = bt->positions, *out_loc = bt->out_loc;
+    const float eps = m->eps;
     int qkv_n = (nh + 2 * nkv) * d, h2 = d / 2;
     for (int b = 0; b < B; b++)
-        if (seq_lens[b] > max_len) return -1;
-    g_team = threads >= 2 && team_acquire();
+        if (bt->seq_lens[b] > bt->max_len) return SGL_ERR_CONTEXT_TOO_LONG;
+    g_team = bt->threads >= 2 && team_acquire();
     /* bf16 workspace, B rows each: x, xn, qkv, attn, gate/up, act, tmp, bf16 logits */
-    bf16 *x = ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
+    bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
     bf16 *gu = att + B * nh * d, *act = gu + B * 2 * inter, *tmp = act + B * inter;
     bf16 *lb = tmp + B * hidden;
-    float *acc = fws, *scores = acc + (nh + 1) * d;
+    float *acc = bt->fws, *scores = acc + (nh + 1) * d;
     for (int b = 0; b < B; b++)
-        memcpy(x + b * hidden, embed + input_ids[b] * hidden, sizeof(bf16) * hidden);
-    for (int l = 0; l < n_layers; l++) {
-        const int64_t *p = layers + (int64_t)l * L_FIELDS;
-        const bf16 *qkv_b = (const bf16 *)p[L_QKV_B], *o_b = (const bf16 *)p[L_O_B];
-        bf16 *K = (bf16 *)p[L_K], *V = (bf16 *)p[L_V];
-        for (int b = 0; b < B; b++) rmsnorm(x + b * hidden, (const bf16 *)p[L_LN1], hidden, eps, xn + b * hidden);
-        gemv((const bf16 *)p[L_QKV], xn, B, qkv_n, hidden, qkv_b, qkv);
+        memcpy(x + b * hidden, m->embed + bt->input_ids[b] * hidden, sizeof(bf16) * hidden);
+    for (int l = 0; l < m->n_layers; l++) {
+        const int64_t *p = m->layers + (int64_t)l * SGL_L_FIELDS;
+        const bf16 *qkv_b = (const bf16 *)p[SGL_L_QKV_B], *o_b = (const bf16 *)p[SGL_L_O_B];
+        bf16 *K = (bf16 *)p[SGL_L_K], *V = (bf16 *)p[SGL_L_V];
+        for (int b = 0; b < B; b++)
+            norm_row(x + b * hidden, 0, (const bf16 *)p[SGL_L_LN1], hidden, eps, xn + b * hidden);
+        gemv((const bf16 *)p[SGL_L_QKV], xn, B, qkv_n, hidden, qkv_b, qkv);
         for (int b = 0; b < B; b++) {
             bf16 *r = qkv + b * qkv_n;
-            rope(r, nh + nkv, d, rope_cos + positions[b] * h2, rope_sin + positions[b] * h2);
+            rope_row(r, nh + nkv, d, m->rope_cos + positions[b] * h2, m->rope_sin + positions[b] * h2);
             memcpy(K + out_loc[b] * nkv * d, r + nh * d, sizeof(bf16) * nkv * d);
             memcpy(V + out_loc[b] * nkv * d, r + (nh + nkv) * d, sizeof(bf16) * nkv * d);
         }
         for (int b = 0; b < B; b++)
-            attend(qkv + b * qkv_n, K, V, req_to_token + req_rows[b] * r2t_stride, (int)seq_lens[b],
+            attend(qkv + b * qkv_n, K, V, bt->req_to_token + bt->req_rows[b] * bt->r2t_stride, (int)bt->seq_lens[b],
                    nh, nkv, d, scores, acc, att + b * nh * d);
-        gemv((const bf16 *)p[L_O], att, B, hidden, nh * d, o_b, tmp);
-        for (int i = 0; i < B * hidden; i++) x[i] = f2bf(bf2f(x[i]) + bf2f(tmp[i]));
-        for (int b = 0; b < B; b++) rmsnorm(x + b * hidden, (const bf16 *)p[L_LN2], hidden, eps, xn + b * hidden);
-        gemv((const bf16 *)p[L_GU], xn, B, 2 * inter, hidden, 0, gu);
-        for (int b = 0; b < B; b++) {
-            const bf16 *g = gu + b * 2 * inter, *u = g + inter;
-            for (int i = 0; i < inter; i++) {
-                float gv = bf2f(g[i]);
-                act[b * inter + i] = f2bf(rf(gv / (1.0f + expf(-gv))) * bf2f(u[i]));
-            }
-        }
-        gemv((const bf16 *)p[L_DOWN], act, B, hidden, inter, 0, tmp);
-        for (int i = 0; i < B * hidden; i++) x[i] = f2bf(bf2f(x[i]) + bf2f(tmp[i]));
+        gemv((const bf16 *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
+        for (int b = 0; b < B; b++) /* the residual add, then the norm */
+            norm_row(x + b * hidden, tmp + b * hidden, (const bf16 *)p[SGL_L_LN2], hidden, eps, xn + b * hidden);
+        gemv((const bf16 *)p[SGL_L_GU], xn, B, 2 * inter, hidden, 0, gu);
+        for (int b = 0; b < B; b++) silu_mul_row(gu + b * 2 * inter, inter, act + b * inter);
+        gemv((const bf16 *)p[SGL_L_DOWN], act, B, hidden, inter, 0, tmp);
+        for (int b = 0; b < B; b++) norm_row(x + b * hidden, tmp + b * hidden, 0, hidden, eps, 0); /* add only */
     }
-    for (int b = 0; b < B; b++) rmsnorm(x + b * hidden, norm_w, hidden, eps, xn + b * hidden);
+    for (int b = 0; b < B; b++) norm_row(x + b * hidden, 0, m->norm_w, hidden, eps, xn + b * hidden);
     /* as the torch path: the projection rounds to bf16, then widens to float */
-    gemv(head_w, xn, B, vocab, hidden, 0, lb);
-    for (int64_t i = 0; i < (int64_t)B * vocab; i++) logits[i] = bf2f(lb[i]);
+    gemv(m->head_w, xn, B, m->vocab, hidden, 0, lb);
+    for (int64_t i = 0; i < (int64_t)B * m->vocab; i++) bt->logits[i] = bf2f(lb[i]);
     if (g_team) team_release();
     g_team = 0;
-    return 0;
+    return SGL_OK;
 }

@@ -1,4 +1,4 @@
-"""Decode steps of a bf16 Llama-family model through the C kernel (decode.c).
+"""Decode steps of a bf16 Llama-family model through the C kernel (decode.c, bound in binding.py).
 
 For a pure decode batch of at most `MAX_ROWS` requests on the CPU, the whole forward is
 one C call that reads the weights and the KV pool in place (through a table of their
@@ -10,19 +10,18 @@ splits the products over the caller and team.c's helper thread.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import torch
 
 from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.kernels import cpu as cpu_kernels
+from sgl.runtime.kernels.cpu import binding
+from sgl.runtime.kernels.cpu.binding import DecodeBatch, DecodeModel, Kernels, Status
 
 # Batch sizes up to this stream the weights once for all rows (batch 8 with two threads:
 # 24 ms per step vs 31 for torch); past it the arithmetic outgrows the streaming and
 # oneDNN's GEMMs win.
 MAX_ROWS = 8
-_FIELDS = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gu", "down", "k", "v")
 
 
 def default_threads() -> int:
@@ -47,13 +46,15 @@ class CpuDecoder:
     qkv_weight/qkv_bias, o_weight/o_bias, post_attention_layernorm, gate_up_weight,
     down_weight; `embed_tokens`, `norm`, `lm_head` (None when tied), rope_cos/rope_sin."""
 
-    def __init__(self, model: Any, lib: ctypes.CDLL, threads: int) -> None:
+    def __init__(self, model: Any, kernels: Kernels, threads: int) -> None:
         if threads not in (1, 2):
             raise ValueError(f"the C decode kernel runs on 1 or 2 threads, got {threads}")
-        self.model, self.lib, self.threads = model, lib, threads
+        self.model, self.kernels, self.threads = model, kernels, threads
         c = model.config
-        self.dims = (c.vocab_size, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
-        self.head = model.embed_tokens if model.lm_head is None else model.lm_head
+        # Addresses are filled in when a pool is bound, with the layer table (it holds K/V too).
+        self.params = DecodeModel(n_layers=len(model.layers), vocab=c.vocab_size, hidden=c.hidden_size,
+                                  nh=c.num_heads, nkv=c.num_kv_heads, d=c.head_dim, inter=c.intermediate_size,
+                                  eps=float(model.norm.eps))
         self._pool: Any = None  # held, so a new pool can never reuse its id/addresses
         self._table = torch.empty(0, dtype=torch.int64)
         self._ws: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
@@ -69,8 +70,8 @@ class CpuDecoder:
         not wait for the compiler."""
         if model.dtype != torch.bfloat16 or model.embed_tokens.device.type != "cpu":
             return None
-        lib = cpu_kernels.load()
-        return cls(model, lib, threads or default_threads()) if lib is not None else None
+        kernels = binding.kernels()
+        return cls(model, kernels, threads or default_threads()) if kernels is not None else None
 
     def supports(self, batch: ForwardBatch, pool: Any) -> bool:
         """Whether this step can run here: a decode batch of 1..MAX_ROWS rows on a bf16
@@ -87,9 +88,13 @@ class CpuDecoder:
                 layer.input_layernorm.weight, layer.qkv_weight, layer.qkv_bias, layer.o_weight, layer.o_bias,
                 layer.post_attention_layernorm.weight, layer.gate_up_weight, layer.down_weight, k, v)])
         self._table = torch.tensor(rows, dtype=torch.int64)
-        _, _, nh, nkv, d, _ = self.dims
+        assert self._table.shape[1] == self.kernels.decode_fields()
+        m, p = self.model, self.params
+        p.layers, p.embed, p.norm_w = _ptr(self._table), _ptr(m.embed_tokens), _ptr(m.norm.weight)
+        p.head_w = _ptr(m.embed_tokens if m.lm_head is None else m.lm_head)
+        p.rope_cos, p.rope_sin = _ptr(m.rope_cos), _ptr(m.rope_sin)
         self._max_len = max_context
-        self._fws = torch.empty(int(self.lib.sgl_decode_fws(nh, nkv, d, max_context)), dtype=torch.float32)
+        self._fws = torch.empty(self.kernels.decode_fws(self.params, max_context), dtype=torch.float32)
         self._pool = pool
 
     def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,29 +103,26 @@ class CpuDecoder:
         caller is done with a step's logits before the step after next overwrites them."""
         ws = self._ws.get(b)
         if ws is None:
-            vocab, hidden, nh, nkv, d, inter = self.dims
-            n = int(self.lib.sgl_decode_ws(b, hidden, nh, nkv, d, inter, vocab))
+            n = self.kernels.decode_ws(self.params, b)
             ws = self._ws[b] = (torch.empty(n, dtype=torch.bfloat16),
-                                [torch.empty(b, vocab, dtype=torch.float32) for _ in range(2)])
+                                [torch.empty(b, self.params.vocab, dtype=torch.float32) for _ in range(2)])
         self._flip ^= 1
         return ws[0], ws[1][self._flip]
 
     def forward(self, batch: ForwardBatch, pool: Any) -> torch.Tensor:
         if self._pool is not pool or batch.req_to_token.shape[1] > self._max_len:
             self._bind_pool(pool, batch.req_to_token.shape[1])
-        m = self.model
-        vocab, hidden, nh, nkv, d, inter = self.dims
         b = batch.batch_size
         ws, logits = self._workspace(b)
         r2t = batch.req_to_token
         ids, pos, loc = batch.input_ids.contiguous(), batch.positions.contiguous(), batch.out_cache_loc.contiguous()
         rows, lens = batch.req_pool_indices.contiguous(), batch.seq_lens.contiguous()
-        rc = self.lib.sgl_decode_step(
-            len(m.layers), _ptr(self._table), _ptr(m.embed_tokens), _ptr(m.norm.weight), _ptr(self.head),
-            vocab, hidden, nh, nkv, d, inter, float(m.norm.eps), _ptr(m.rope_cos), _ptr(m.rope_sin), b,
-            _ptr(ids), _ptr(pos), _ptr(loc), _ptr(rows), _ptr(lens), _ptr(r2t), r2t.stride(0),
-            self._max_len, _ptr(ws), _ptr(self._fws), _ptr(logits), self.threads)
-        if rc != 0:
-            raise RuntimeError("CPU decode kernel: a context is longer than the request table")
+        step = DecodeBatch(rows=b, input_ids=_ptr(ids), positions=_ptr(pos), out_loc=_ptr(loc), req_rows=_ptr(rows),
+                           seq_lens=_ptr(lens), req_to_token=_ptr(r2t), r2t_stride=r2t.stride(0),
+                           max_len=self._max_len, ws=_ptr(ws), fws=_ptr(self._fws), logits=_ptr(logits),
+                           threads=self.threads)
+        rc = self.kernels.decode_step(self.params, step)
+        if rc != Status.OK:
+            raise RuntimeError(f"CPU decode kernel: {rc.message}")
         self.steps += 1
         return logits

@@ -1,4 +1,4 @@
-"""Fused bf16 elementwise ops for the CPU forward (kernels/cpu/ops.c), with torch fallbacks.
+"""Fused bf16 elementwise ops for the CPU forward (kernels/cpu/ops.c via binding.py), with torch fallbacks.
 
 The torch path of a Llama layer spends its non-matmul time in ~15 small ops (RMSNorm's
 float32 round trip, RoPE's flip and products, SiLU*up, residual adds), each a pass over
@@ -13,38 +13,21 @@ expression itself where they do not, so callers may use them unconditionally.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 import torch.nn.functional as F
 
 from sgl.runtime.config import env_flag
-from sgl.runtime.kernels import cpu as cpu_kernels
+from sgl.runtime.kernels.cpu import binding
+from sgl.runtime.kernels.cpu.binding import Kernels, RopeParams, Status
 
-_lib: ctypes.CDLL | None | bool = False  # False: not looked up yet
-
-
-def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the argument and result types of the sgl_ops_* functions on `lib`."""
-    p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-    lib.sgl_ops_simd.restype = i
-    lib.sgl_ops_rmsnorm.restype = None
-    lib.sgl_ops_rmsnorm.argtypes = [p, p, p, i, i, f, i]
-    lib.sgl_ops_add_rmsnorm.restype = None
-    lib.sgl_ops_add_rmsnorm.argtypes = [p, p, p, p, i, i, f, i]
-    lib.sgl_ops_rope.restype = i
-    lib.sgl_ops_rope.argtypes = [p, i64, i, i, i, p, p, p, i64, i]
-    lib.sgl_ops_silu_mul.restype = None
-    lib.sgl_ops_silu_mul.argtypes = [p, p, i, i, i]
-    return lib
+_lib: Kernels | None | bool = False  # False: not looked up yet (tests put the portable build here)
 
 
-def library() -> ctypes.CDLL | None:
-    """The kernel library with this module's functions declared, or None."""
+def library() -> Kernels | None:
+    """The bound kernel library these wrappers call, or None."""
     global _lib
     if _lib is False:
-        lib = cpu_kernels.load()
-        _lib = declare(lib) if lib is not None else None
+        _lib = binding.kernels()
     return _lib  # type: ignore[return-value]
 
 
@@ -77,7 +60,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int | No
         return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
     x = x.contiguous()
     out = torch.empty_like(x)
-    lib.sgl_ops_rmsnorm(_c(x), _c(weight), _c(out), x.shape[0], x.shape[1], eps, threads or DEFAULT_THREADS)
+    lib.rmsnorm(_c(x), _c(weight), _c(out), x.shape[0], x.shape[1], eps, threads or DEFAULT_THREADS)
     return out
 
 
@@ -90,7 +73,7 @@ def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: flo
         return rmsnorm(x, weight, eps, threads)
     y = y.contiguous()
     out = torch.empty_like(x)
-    lib.sgl_ops_add_rmsnorm(_c(x), _c(y), _c(weight), _c(out), x.shape[0], x.shape[1], eps, threads or DEFAULT_THREADS)
+    lib.add_rmsnorm(_c(x), _c(y), _c(weight), _c(out), x.shape[0], x.shape[1], eps, threads or DEFAULT_THREADS)
     return out
 
 
@@ -109,10 +92,11 @@ def rope_(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: to
         qk.copy_(qk * cs + qk.flip(2) * sn)
         return qkv
     pos = positions.to(torch.int64).contiguous()
-    rc = lib.sgl_ops_rope(_c(qkv), qkv.stride(0), qkv.shape[0], heads, head_dim, _c(cos), _c(sin), _c(pos),
-                          cos.shape[0], threads or DEFAULT_THREADS)
-    if rc != 0:
-        raise IndexError(f"RoPE position outside the table of {cos.shape[0]} positions")
+    rc = lib.rope(RopeParams(qkv=_c(qkv), stride=qkv.stride(0), rows=qkv.shape[0], nh=heads, d=head_dim,
+                             cos_t=_c(cos), sin_t=_c(sin), positions=_c(pos), max_pos=cos.shape[0],
+                             threads=threads or DEFAULT_THREADS))
+    if rc != Status.OK:
+        raise IndexError(f"{rc.message} ({cos.shape[0]} positions)")
     return qkv
 
 
@@ -125,5 +109,5 @@ def silu_mul(gate_up: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     n = gate_up.shape[1] // 2
     out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype)
-    lib.sgl_ops_silu_mul(_c(gate_up), _c(out), gate_up.shape[0], n, threads or DEFAULT_THREADS)
+    lib.silu_mul(_c(gate_up), _c(out), gate_up.shape[0], n, threads or DEFAULT_THREADS)
     return out

@@ -1,0 +1,154 @@
+"""The one ctypes binding of the CPU kernel library, mirroring sgl_kernels.h.
+
+The header declares every exported function, the parameter structs they take and the
+status codes they return; this module repeats each of those once (the `Structure`s and
+`Status` below, the argument types in `_SIGNATURES`) and wraps the library in `Kernels`,
+whose methods take plain ints (tensor addresses, sizes) or the structs. `kernels(march)`
+builds or reuses the library through `load()` and binds it once per build variant. The
+callers (decode.py, ops.py, attention/cpu_backend.py) fill the structs and never touch
+ctypes argument types themselves. Change this file together with sgl_kernels.h.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from enum import IntEnum
+
+from sgl.runtime.kernels.cpu import load
+
+_p, _i, _f, _i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+
+
+class Status(IntEnum):
+    """sgl_status: what an int-returning entry point reports."""
+
+    OK = 0
+    CONTEXT_TOO_LONG = 1
+    POSITION_OUT_OF_RANGE = 2
+    UNSUPPORTED = 3
+    NO_MEMORY = 4
+
+    @property
+    def message(self) -> str:
+        return _MESSAGES[self]
+
+
+_MESSAGES = {
+    Status.OK: "ok",
+    Status.CONTEXT_TOO_LONG: "a context is longer than the request table",
+    Status.POSITION_OUT_OF_RANGE: "a RoPE position is outside the cos/sin tables",
+    Status.UNSUPPORTED: "this build or shape is not supported (needs AVX512-BF16, head_dim 64 or 128)",
+    Status.NO_MEMORY: "out of memory",
+}
+
+
+class DecodeModel(ctypes.Structure):
+    """sgl_decode_model: a bf16 Llama-family model, fixed for the life of a decoder."""
+
+    _fields_ = [("n_layers", _i), ("layers", _p), ("embed", _p), ("norm_w", _p), ("head_w", _p),
+                ("vocab", _i), ("hidden", _i), ("nh", _i), ("nkv", _i), ("d", _i), ("inter", _i),
+                ("eps", _f), ("rope_cos", _p), ("rope_sin", _p)]
+
+
+class DecodeBatch(ctypes.Structure):
+    """sgl_decode_batch: one step of single-token rows and its scratch."""
+
+    _fields_ = [("rows", _i), ("input_ids", _p), ("positions", _p), ("out_loc", _p), ("req_rows", _p),
+                ("seq_lens", _p), ("req_to_token", _p), ("r2t_stride", _i64), ("max_len", _i), ("ws", _p),
+                ("fws", _p), ("logits", _p), ("threads", _i)]
+
+
+class AttnParams(ctypes.Structure):
+    """sgl_attn_params: one layer's attention of a step over the KV pool."""
+
+    _fields_ = [("q", _p), ("q_stride", _i64), ("out", _p), ("k_pool", _p), ("v_pool", _p), ("rows", _p),
+                ("row_stride", _i64), ("nreq", _i), ("q_start", _p), ("prefix", _p), ("extend", _p),
+                ("shared", _i), ("nh", _i), ("nkv", _i), ("d", _i), ("scale", _f), ("ws", _p), ("threads", _i)]
+
+
+class RopeParams(ctypes.Structure):
+    """sgl_rope_params: RoPE in place on the q and k heads of qkv rows."""
+
+    _fields_ = [("qkv", _p), ("stride", _i64), ("rows", _i), ("nh", _i), ("d", _i), ("cos_t", _p),
+                ("sin_t", _p), ("positions", _p), ("max_pos", _i64), ("threads", _i)]
+
+
+_SIGNATURES: dict[str, tuple[type | None, list]] = {
+    "sgl_decode_fields": (_i, []),
+    "sgl_decode_simd": (_i, []),
+    "sgl_decode_ws": (_i64, [ctypes.POINTER(DecodeModel), _i]),
+    "sgl_decode_fws": (_i64, [ctypes.POINTER(DecodeModel), _i]),
+    "sgl_decode_step": (_i, [ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeBatch)]),
+    "sgl_attn_simd": (_i, []),
+    "sgl_attn_ws_bytes": (_i64, [ctypes.POINTER(AttnParams)]),
+    "sgl_attn_forward": (_i, [ctypes.POINTER(AttnParams)]),
+    "sgl_ops_simd": (_i, []),
+    "sgl_ops_rmsnorm": (None, [_p, _p, _p, _i, _i, _f, _i]),
+    "sgl_ops_add_rmsnorm": (None, [_p, _p, _p, _p, _i, _i, _f, _i]),
+    "sgl_ops_rope": (_i, [ctypes.POINTER(RopeParams)]),
+    "sgl_ops_silu_mul": (None, [_p, _p, _i, _i, _i]),
+}
+
+
+class Kernels:
+    """The library with every function declared; pointers are ints (0 or None: NULL)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        self.lib = lib  # calls look functions up here each time (profile_engine.py wraps them)
+
+    # ---- decode step
+    def decode_simd(self) -> bool:
+        return bool(self.lib.sgl_decode_simd())
+
+    def decode_fields(self) -> int:
+        return int(self.lib.sgl_decode_fields())
+
+    def decode_ws(self, model: DecodeModel, rows: int) -> int:
+        return int(self.lib.sgl_decode_ws(ctypes.byref(model), rows))
+
+    def decode_fws(self, model: DecodeModel, max_len: int) -> int:
+        return int(self.lib.sgl_decode_fws(ctypes.byref(model), max_len))
+
+    def decode_step(self, model: DecodeModel, batch: DecodeBatch) -> Status:
+        return Status(self.lib.sgl_decode_step(ctypes.byref(model), ctypes.byref(batch)))
+
+    # ---- attention
+    def attn_simd(self) -> bool:
+        return bool(self.lib.sgl_attn_simd())
+
+    def attn_ws_bytes(self, p: AttnParams) -> int:
+        return int(self.lib.sgl_attn_ws_bytes(ctypes.byref(p)))
+
+    def attn_forward(self, p: AttnParams) -> Status:
+        return Status(self.lib.sgl_attn_forward(ctypes.byref(p)))
+
+    # ---- fused row ops
+    def ops_simd(self) -> bool:
+        return bool(self.lib.sgl_ops_simd())
+
+    def rmsnorm(self, x: int, w: int, out: int, rows: int, n: int, eps: float, threads: int) -> None:
+        self.lib.sgl_ops_rmsnorm(x, w, out, rows, n, eps, threads)
+
+    def add_rmsnorm(self, x: int, y: int, w: int, out: int | None, rows: int, n: int, eps: float,
+                    threads: int) -> None:
+        self.lib.sgl_ops_add_rmsnorm(x, y, w, out, rows, n, eps, threads)
+
+    def rope(self, p: RopeParams) -> Status:
+        return Status(self.lib.sgl_ops_rope(ctypes.byref(p)))
+
+    def silu_mul(self, gu: int, out: int, rows: int, n: int, threads: int) -> None:
+        self.lib.sgl_ops_silu_mul(gu, out, rows, n, threads)
+
+
+_bound: dict[str, Kernels | None] = {}
+
+
+def kernels(march: str = "native") -> Kernels | None:
+    """The bound library for `march` (see load()), or None where it cannot be built."""
+    if march not in _bound:
+        lib = load(march)
+        _bound[march] = Kernels(lib) if lib is not None else None
+    return _bound[march]

@@ -1,0 +1,97 @@
+/* The C interface of the CPU kernel library: every exported function, its parameter
+ * structs and its return codes. kernels/cpu/binding.py mirrors this file once (ctypes
+ * structures, argument types, status names); change the two together.
+ *
+ * bf16 tensors travel as uint16_t (see simd.h); all are contiguous unless a stride says
+ * otherwise. Pointers are borrowed for the duration of a call.
+ */
+#pragma once
+
+#include <stdint.h>
+
+/* Return codes of the int-returning entry points. */
+typedef enum {
+    SGL_OK = 0,
+    SGL_ERR_CONTEXT_TOO_LONG = 1,      /* decode: a sequence is longer than max_len */
+    SGL_ERR_POSITION_OUT_OF_RANGE = 2, /* RoPE: a position outside the cos/sin tables */
+    SGL_ERR_UNSUPPORTED = 3,           /* attention: no AVX512-BF16 in this build, or the shape */
+    SGL_ERR_NO_MEMORY = 4,             /* attention: malloc failed */
+} sgl_status;
+
+/* ---- decode step (decode.c) ------------------------------------------------------------ */
+
+/* Per-layer weight addresses in `layers`, sgl_decode_fields() int64 per layer, in this
+ * order (0 = absent bias). */
+enum { SGL_L_LN1, SGL_L_QKV, SGL_L_QKV_B, SGL_L_O, SGL_L_O_B, SGL_L_LN2, SGL_L_GU, SGL_L_DOWN, SGL_L_K, SGL_L_V,
+       SGL_L_FIELDS };
+
+/* A bf16 Llama-family model: fixed for the life of a decoder. */
+typedef struct {
+    int n_layers;
+    const int64_t *layers; /* [n_layers, SGL_L_FIELDS] addresses */
+    const uint16_t *embed, *norm_w, *head_w;
+    int vocab, hidden, nh, nkv, d, inter;
+    float eps;
+    const uint16_t *rope_cos, *rope_sin; /* [max_pos, d / 2] */
+} sgl_decode_model;
+
+/* One step of `rows` single-token requests, and its scratch. */
+typedef struct {
+    int rows;
+    const int64_t *input_ids, *positions, *out_loc, *req_rows, *seq_lens; /* [rows] */
+    const int64_t *req_to_token;
+    int64_t r2t_stride;
+    int max_len;    /* longest context `fws` was sized for */
+    uint16_t *ws;   /* sgl_decode_ws(model, rows) bf16 elements */
+    float *fws;     /* sgl_decode_fws(model, max_len) floats */
+    float *logits;  /* [rows, vocab] */
+    int threads;    /* 1, or 2 with team.c's helper */
+} sgl_decode_batch;
+
+int sgl_decode_fields(void);
+int sgl_decode_simd(void);
+int64_t sgl_decode_ws(const sgl_decode_model *m, int rows);
+int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len);
+sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *b);
+
+/* ---- attention over the KV pool (attention.c) ------------------------------------------ */
+
+typedef struct {
+    const uint16_t *q; /* [T, nh, d] with token stride q_stride */
+    int64_t q_stride;
+    uint16_t *out;     /* [T, nh, d] */
+    const uint16_t *k_pool, *v_pool; /* [slots, nkv, d] */
+    const int64_t *rows;             /* [nreq, row_stride] pool slots per request */
+    int64_t row_stride;
+    int nreq;
+    const int32_t *q_start, *prefix, *extend; /* [nreq] */
+    int shared;        /* leading slots common to every request, packed once */
+    int nh, nkv, d;
+    float scale;
+    void *ws;          /* sgl_attn_ws_bytes(params) bytes */
+    int threads;
+} sgl_attn_params;
+
+int sgl_attn_simd(void);
+int64_t sgl_attn_ws_bytes(const sgl_attn_params *p); /* reads nreq, prefix, extend, shared, nkv, d */
+sgl_status sgl_attn_forward(const sgl_attn_params *p);
+
+/* ---- fused row ops (ops.c) ------------------------------------------------------------- */
+
+int sgl_ops_simd(void);
+void sgl_ops_rmsnorm(const uint16_t *x, const uint16_t *w, uint16_t *out, int rows, int n, float eps, int threads);
+void sgl_ops_add_rmsnorm(uint16_t *x, const uint16_t *y, const uint16_t *w, uint16_t *out, int rows, int n,
+                         float eps, int threads);
+
+typedef struct {
+    uint16_t *qkv;   /* rows of at least nh * d, row stride `stride` elements */
+    int64_t stride;
+    int rows, nh, d;
+    const uint16_t *cos_t, *sin_t; /* [max_pos, d / 2] */
+    const int64_t *positions;      /* [rows] */
+    int64_t max_pos;
+    int threads;
+} sgl_rope_params;
+
+sgl_status sgl_ops_rope(const sgl_rope_params *p);
+void sgl_ops_silu_mul(const uint16_t *gu, uint16_t *out, int rows, int n, int threads);
