@@ -223,22 +223,6 @@ def cache_dir(explicit: str | Path | None = None) -> Path:
     return Path(root) if root else Path.home() / ".cache" / "sgl"
 
 
-def env_flag(name: str) -> bool:
-    """A boolean setting by its variable name, e.g. env_flag("SGL_DISABLE_CPU_OPS"); one
-    lookup, as cheap as the per-op reads it serves. Kept for kernels/cpu and models/cpu_*
-    until they read `settings()` once per step instead."""
-    f = _bool_settings().get(name)
-    if f is None:
-        raise KeyError(f"{name} is not a boolean setting of sgl.runtime.config.Settings")
-    raw = os.environ.get(name)
-    return parse_value(Settings, f, raw, name) if raw else f.default
-
-
-@functools.cache
-def _bool_settings() -> dict[str, dataclasses.Field]:
-    return {env_name(f): f for f in dataclasses.fields(Settings) if _types(Settings)[f.name] is bool}
-
-
 # ---- CLI ---------------------------------------------------------------------------------------
 
 def _own_fields_first(cls: type) -> list[dataclasses.Field]:

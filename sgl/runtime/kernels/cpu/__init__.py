@@ -1,7 +1,7 @@
 """C kernels for the CPU path, compiled on first use with the system C compiler.
 
 `load()` builds every `.c` file here (decode step, attention, fused ops, team.c) into one
-library with `-O3 -march=native` in `$SGL_CACHE_DIR/kernels/` (default ~/.cache/sgl),
+library with `-O3 -march=native` in `<cache dir>/kernels/` (config.cache_dir()),
 keyed by a hash of the sources, the compiler and the CPU's flags, and returns the ctypes
 library, or None (with one warning) where no compiler is present or the build fails;
 callers then keep the torch path. The build takes a few seconds; later processes reuse
@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from sgl.runtime.config import cache_dir, settings
+
 log = logging.getLogger(__name__)
 
 # Every C file here goes into one library (kernels share team.c's helper thread).
@@ -37,9 +39,6 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("SGL_CACHE_DIR") or str(Path.home() / ".cache" / "sgl")
-    return Path(root) / "kernels"
 
 
 def _build(cc: str, out: Path, march: str) -> None:
@@ -67,13 +66,13 @@ def load(march: str = "native") -> ctypes.CDLL | None:
 
 
 def _load(march: str) -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = settings().cc or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         log.warning("no C compiler found: the CPU decode kernel is off (torch path instead)")
         return None
     src = b"".join(p.read_bytes() for p in _SOURCES)
     key = hashlib.sha256(src + cc.encode() + march.encode() + _cpu_flags().encode()).hexdigest()[:16]
-    out = _cache_dir() / f"decode-{key}.so"
+    out = cache_dir() / "kernels" / f"decode-{key}.so"
     try:
         if not out.exists():
             _build(cc, out, march)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sgl.runtime.config import env_flag
+from sgl.runtime.config import settings
 from sgl.runtime.kernels.cpu import binding
 from sgl.runtime.kernels.cpu.binding import Kernels, RopeParams, Status
 
@@ -32,11 +32,17 @@ def library() -> Kernels | None:
 
 
 def enabled() -> bool:
-    return not env_flag("SGL_DISABLE_CPU_OPS")
+    return not settings().disable_cpu_ops
+
+
+def _usable(x: torch.Tensor) -> bool:
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and library() is not None
 
 
 def applies(x: torch.Tensor) -> bool:
-    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and enabled() and library() is not None
+    """Whether a forward over tensors like `x` should take the fused ops: the caller asks
+    once per forward (the switch is a settings lookup); each op only checks `_usable`."""
+    return _usable(x) and enabled()
 
 
 # Threads per call. One by default: standalone, two threads halve an op's time (1,024
@@ -55,7 +61,7 @@ def _c(t: torch.Tensor) -> int:
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int | None = None) -> torch.Tensor:
     """`weight * F.rms_norm(x.float(), eps).to(x.dtype)` over the last dim of 2-D `x`."""
-    lib = library() if applies(x) else None
+    lib = library() if _usable(x) else None
     if lib is None:
         return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
     x = x.contiguous()
@@ -67,7 +73,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int | No
 def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
                 threads: int | None = None) -> torch.Tensor:
     """`x += y` (in place; `x` must be contiguous), then `rmsnorm(x, weight, eps)`."""
-    lib = library() if applies(x) else None
+    lib = library() if _usable(x) else None
     if lib is None or not x.is_contiguous():
         x.add_(y)
         return rmsnorm(x, weight, eps, threads)
@@ -83,7 +89,7 @@ def rope_(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: to
     heads * head_dim] (row-contiguous), with `cos`/`sin` [max_pos, head_dim / 2] tables
     in qkv's dtype: per half, `(a, b) -> (a c - b s, b c + a s)`, each product rounded to
     the dtype as torch's `qk * cos + qk.flip(2) * sin` does. Returns qkv."""
-    lib = library() if applies(qkv) else None
+    lib = library() if _usable(qkv) else None
     if lib is None or qkv.stride(1) != 1 or not (cos.is_contiguous() and sin.is_contiguous()):
         t = qkv.shape[0]
         qk = qkv[:, : heads * head_dim].view(t, heads, 2, head_dim // 2)
@@ -102,7 +108,7 @@ def rope_(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: to
 
 def silu_mul(gate_up: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     """`F.silu(gate) * up` where `gate, up = gate_up.chunk(2, dim=-1)` (2-D)."""
-    lib = library() if applies(gate_up) else None
+    lib = library() if _usable(gate_up) else None
     if lib is None:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
