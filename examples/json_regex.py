@@ -9,6 +9,7 @@ SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "population": {"type": "integer"}},
     "required": ["name", "population"],
+    "additionalProperties": False,  # without it a small model may ramble on past max_tokens
 }
 
 
