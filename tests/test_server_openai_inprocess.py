@@ -154,6 +154,8 @@ def test_bad_requests_name_the_field(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = http.post("/v1/completions", json={"model": "other", "prompt": "a"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = http.post("/v1/completions", json={"model": "default", "prompt": "a", "max_tokens": 2})  # README's name
+    assert r.status_code == 200 and r.json()["model"] == "m"
     r = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}],
                                                 "max_tokens": 2, "top_logprobs": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"

@@ -44,7 +44,8 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 def model_aliases(served_model_name: str, model_path: str) -> set[str]:
-    names = {served_model_name, model_path, os.path.basename(model_path.rstrip("/"))}
+    # "default" names the one served model, as in SGLang's OpenAI examples and our README.
+    names = {served_model_name, model_path, os.path.basename(model_path.rstrip("/")), "default"}
     return {n for n in names if n}
 
 
