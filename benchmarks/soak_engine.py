@@ -10,8 +10,8 @@ embedded model) and drives it through:
     JSON-schema constrained requests.
 The parent counts runs, crashes (the signal, and the faulting thread's stack that the
 engine's faulthandler leaves on stderr), failures (a non-zero exit) and hangs (no exit
-within --timeout), with and without competing load: one busy-looping process per core
-(--load burn), the way other servers on the same two cores compete. With
+within --timeout), with and without competing load: --burners busy-looping processes
+(--load burn; default one, as in the issue), the way other servers on the cores compete. With
 --fast-paths-off it repeats the soak with each CPU fast path turned off in turn.
 
 Run: .venv/bin/python benchmarks/soak_engine.py --runs 30 --load both [--fast-paths-off]
@@ -98,9 +98,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 # ---- the parent: runs, load, classification ---------------------------------------------
-def start_burners() -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-            for _ in range(os.cpu_count() or 1)]
+def start_burners(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -142,7 +141,7 @@ def one_run(env_extra: dict[str, str], args: argparse.Namespace) -> dict[str, An
 
 
 def soak(name: str, env_extra: dict[str, str], load: str, args: argparse.Namespace) -> dict[str, Any]:
-    burners = start_burners() if load == "burn" else []
+    burners = start_burners(args.burners) if load == "burn" else []
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     try:
@@ -164,7 +163,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=30, help="fresh engine processes per configuration")
     ap.add_argument("--load", choices=["none", "burn", "both"], default="both",
-                    help="competing load: none, one busy process per core, or both in turn")
+                    help="competing load: none, --burners busy processes, or both in turn")
+    ap.add_argument("--burners", type=int, default=1,
+                    help="busy-looping processes competing for the cores under --load burn")
     ap.add_argument("--fast-paths-off", action="store_true", help="also soak with each fast path off in turn")
     ap.add_argument("--prompts", type=int, default=64, help="prompts sharing the few-shot prefix in the recipe")
     ap.add_argument("--shots", type=int, default=28, help="few-shot examples in the shared prefix (28: ~980 tokens)")
@@ -175,7 +176,8 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    print(f"host: {cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(f"host: {cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+          f"burners under load: {args.burners}")
     loads = ["none", "burn"] if args.load == "both" else [args.load]
     variants = FAST_PATHS if args.fast_paths_off else {"all on": {}}
     results = [soak(name, env, load, args) for name, env in variants.items() for load in loads]
@@ -185,7 +187,7 @@ def main() -> None:
     for r in results:
         for p in r["problems"]:
             print(f"\n{r['fast paths']} / load {r['load']}: {p['outcome']} {p.get('signal', '')}\n{p.get('detail', '')}")
-    write_json("soak_engine.json", {"runs": args.runs, "prompts": args.prompts, "shots": args.shots,
+    write_json("soak_engine.json", {"runs": args.runs, "burners": args.burners, "prompts": args.prompts, "shots": args.shots,
                                     "max_rows": args.max_rows, "results": results})
 
 
