@@ -187,8 +187,8 @@ def main() -> None:
     for r in results:
         for p in r["problems"]:
             print(f"\n{r['fast paths']} / load {r['load']}: {p['outcome']} {p.get('signal', '')}\n{p.get('detail', '')}")
-    write_json("soak_engine.json", {"runs": args.runs, "burners": args.burners, "prompts": args.prompts, "shots": args.shots,
-                                    "max_rows": args.max_rows, "results": results})
+    write_json("soak_engine.json", {"runs": args.runs, "burners": args.burners, "prompts": args.prompts,
+                                    "shots": args.shots, "max_rows": args.max_rows, "results": results})
 
 
 if __name__ == "__main__":
