@@ -5,8 +5,8 @@ bf16 decode batch on the CPU goes through the C decode step (kernels/cpu/decode.
 everything else through `model.forward`. The CPU thread count is not touched here: the
 worker sets it once, before its first step (oneDNN sizes a primitive's per-thread
 scratch when it creates the primitive and caches it; changing torch's thread count
-between steps on the scheduler thread ran cached primitives with more threads than
-they were built for, one of the suspects of issue #19).
+between steps on the scheduler thread could run a cached primitive with more threads
+than it was built for, one of the suspects of issue #19).
 """
 
 from __future__ import annotations
