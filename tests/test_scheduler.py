@@ -350,3 +350,14 @@ def test_jump_forward_at_start_and_after_a_sampled_token(executor: str) -> None:
     assert short.meta_info["finish_reason"] == {"type": "length", "length": 2}
     assert s.stats["num_forward_passes"] == 1  # "start" never ran; the others finished on their first token
     assert_all_free(s)
+
+
+def test_fill_slice_equals_slicing_fill_ids():
+    """The plan takes each step's tokens with fill_slice instead of building fill_ids."""
+    from sgl.runtime.sampling_params import SamplingParams
+
+    r = Req(rid="x", input_ids=[1, 2, 3, 4], params=SamplingParams())
+    r.output_ids = [5, 6, 7]
+    for lo in range(9):
+        for hi in range(lo, 9):
+            assert r.fill_slice(lo, hi) == r.fill_ids[lo:hi], (lo, hi)

@@ -34,17 +34,16 @@ def make_plan(batch: list[tuple[Req, int]], eos_ids: set[int], released_uids: li
     rows: list[PlanRow] = []
     for req, n in batch:
         c0 = req.num_computed - n  # slots for this step were appended already
-        fill = req.fill_ids
         assert req.req_pool_idx is not None
         row = PlanRow(uid=req.uid, req_pool_idx=req.req_pool_idx, prefix_len=c0,
-                      input_ids=fill[c0 : c0 + n], out_cache_loc=req.slots[c0 : c0 + n])
+                      input_ids=req.fill_slice(c0, c0 + n), out_cache_loc=req.slots[c0 : c0 + n])
         if req.wants_input_logprobs:
             lo = max(c0, req.first_logprob_row())
             hi = min(c0 + n, len(req.input_ids) - 1)
             row.prompt_lp_start = lo
             row.prompt_lp_next_ids = req.input_ids[lo + 1 : hi + 1]
             row.prompt_top_logprobs_num = req.top_logprobs_num
-        if c0 + n == len(fill):
+        if c0 + n == req.fill_len:
             row.sample = sample_spec(req, eos_ids)
         rows.append(row)
     return StepPlan(rows=rows, released_uids=released_uids)

@@ -77,6 +77,13 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
+    def fill_slice(self, lo: int, hi: int) -> list[int]:
+        """fill_ids[lo:hi] without building fill_ids (a decode step wants one token of it)."""
+        k = len(self.input_ids)
+        if lo >= k:
+            return self.output_ids[lo - k : hi - k]
+        return self.input_ids[lo:hi] + self.output_ids[: max(0, hi - k)]
+
     @property
     def fill_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
