@@ -9,7 +9,10 @@ environment variable, so every module of this process reads it through `settings
 Server flags are --host, --port, --api-key, --served-model-name, --log-level. Without --model-path the embedded
 SmolLM2-135M-Instruct is served. SIGINT/SIGTERM stop accepting connections, let
 in-flight requests finish for --graceful-shutdown-timeout seconds, abort the rest, then
-stop the engine.
+stop the engine and its worker processes. If a worker dies, in-flight requests fail with
+its cause, /health answers 503, and the server exits non-zero after a few seconds.
+Multi-node: `--nnodes N --node-rank K --dist-init-addr HOST:PORT` on every machine;
+node 0 serves HTTP, the others only host their tensor-parallel ranks.
 """
 
 from __future__ import annotations
@@ -18,9 +21,15 @@ import argparse
 import json
 import logging
 import sys
+import threading
+import time
 from typing import Any
 
 from sgl.runtime.config import EngineConfig, Settings, add_cli_args, export, given
+
+
+# Seconds a server whose worker died keeps answering 503 before it exits.
+WORKER_DEATH_GRACE_S = 5.0
 
 
 class _JsonAccessFormatter(logging.Formatter):
@@ -64,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     setup_logging(args.log_level, not args.no_access_log)
+    cfg = EngineConfig.from_kwargs(**kwargs)
+    if cfg.node_rank != 0:  # this machine only hosts ranks; node 0 serves HTTP
+        sys.exit(run_worker_node(cfg))
     import uvicorn
 
     from sgl.runtime.engine import Engine
@@ -78,10 +90,40 @@ def main(argv: list[str] | None = None) -> None:
                             timeout_graceful_shutdown=int(args.graceful_shutdown_timeout), log_config=None)
     server = uvicorn.Server(config)
     log.info("serving %s on http://%s:%d", app.state.served_model_name, args.host, args.port)
+    died: list[str] = []
+    threading.Thread(target=_exit_when_workers_die, args=(engine, server, died), daemon=True).start()
     try:
         server.run()
     finally:
         engine.shutdown()
+    if died:  # non-zero, so a supervisor (systemd, Kubernetes) restarts the server
+        log.critical("exiting because the engine's worker died: %s", died[0])
+        sys.exit(1)
+
+
+def _exit_when_workers_die(engine: Any, server: Any, died: list[str]) -> None:
+    """Once a worker is dead, keep answering (/health 503, in-flight requests get their
+    errors) for WORKER_DEATH_GRACE_S, so probes and routers see it; then stop the server."""
+    while not server.should_exit:
+        try:
+            engine.check_alive()
+        except Exception as e:  # noqa: BLE001 - any death reason ends the server
+            died.append(str(e))
+            time.sleep(WORKER_DEATH_GRACE_S)
+            server.should_exit = True
+            return
+        time.sleep(0.5)
+
+
+def run_worker_node(cfg: EngineConfig) -> int:
+    """Node n > 0 of a multi-node launch: host this node's ranks until they stop."""
+    from sgl.runtime.models.loader import resolve_model_dir
+    from sgl.runtime.worker.launch import run_node
+
+    hf_dir, _ = resolve_model_dir(cfg.model_path, cfg.cache_dir)
+    logging.getLogger("sgl.server").info("node %d of %d: hosting tensor-parallel ranks, no HTTP",
+                                         cfg.node_rank, cfg.nnodes)
+    return run_node(cfg, str(hf_dir))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ to a file the tests can read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -42,6 +43,8 @@ class ServerProc:
             return f.read()
 
     def stop(self, timeout: float = 60) -> int:
+        """SIGTERM the server, wait, then kill whatever of its group is left (a test that
+        checks for leftovers does so before calling this)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -49,7 +52,27 @@ class ServerProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for pid in group_pids(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return self.proc.returncode
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (zombies excluded), from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry))
+    return out
 
 
 def start_server(*extra: str, api_key: str | None = None, timeout: float = 300) -> ServerProc:
@@ -58,7 +81,9 @@ def start_server(*extra: str, api_key: str | None = None, timeout: float = 300) 
     args = [sys.executable, "-m", "sgl.launch_server", "--host", "127.0.0.1", "--port", str(port), *extra]
     if api_key:
         args += ["--api-key", api_key]
-    proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    # Its own process group, so a test can signal it like a terminal would and find
+    # every process it left behind (the worker processes are in it too).
+    proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     srv = ServerProc(proc, f"http://127.0.0.1:{port}", log.name, api_key)
     deadline = time.time() + timeout
     while time.time() < deadline:

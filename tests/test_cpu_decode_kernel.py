@@ -168,7 +168,7 @@ def test_engine_greedy_tokens_are_torch_greedy_choices(real_model):
         outs = [e.generate(input_ids=ids, sampling_params={"max_new_tokens": 32, "temperature": 0,
                                                                    "ignore_eos": True})["output_ids"]
                 for ids in prompts]
-        used = e.scheduler.runner.cpu_decoder.steps
+        used = e.get_server_info()["cpu_decode_steps"]
     assert used >= 50  # most of the 2 x 31 decode steps
     c = real_model.config
     pool = KVPool(512, c.num_layers, c.num_kv_heads, c.head_dim, real_model.dtype)

@@ -78,6 +78,12 @@ class EngineConfig(SharedOptions):
                                               "use 1 on a machine other busy processes share)", (1, 2))
     disable_packed_linears: bool = _f(False, "keep small-batch CPU matmuls on the plain weight layout instead of "
                                              "oneDNN's prepacked one (used only where verified bit-identical)")
+    tp_size: int = _f(1, "tensor-parallel ranks (processes) the model is split over")
+    nnodes: int = _f(1, "machines the tensor-parallel ranks span (node 0 serves HTTP; tp_size/nnodes ranks each)")
+    node_rank: int = _f(0, "this machine's index among nnodes")
+    dist_init_addr: str | None = _f(None, "HOST:PORT where the ranks meet (torch.distributed rendezvous; "
+                                          "required when nnodes > 1, default a free loopback port)")
+    dist_timeout: float = _f(300.0, "seconds a rank waits for the others to join, and for a collective")
 
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
@@ -87,6 +93,18 @@ class EngineConfig(SharedOptions):
                 raise ValueError(f"{name} must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ValueError("max_total_tokens must be >= 16")
+        if self.tp_size < 1 or self.nnodes < 1 or self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size ({self.tp_size}) must be a positive multiple of nnodes ({self.nnodes})")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("nnodes > 1 needs dist_init_addr HOST:PORT (the address of node 0, reachable by all)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"dist_init_addr must be HOST:PORT, got {self.dist_init_addr!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError("dist_timeout must be > 0 seconds")
         return self
 
     @staticmethod
@@ -97,6 +115,7 @@ class EngineConfig(SharedOptions):
             raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(names)}")
         settings()  # a bad process-wide variable fails here, at startup, not in the first step
         values = env_values(EngineConfig)
+        values.update(torchrun_values())
         values.update(kwargs)
         return EngineConfig(**values).resolved()
 
@@ -190,6 +209,18 @@ def export(values: dict[str, Any]) -> None:
     """Set `values` ({field: value}) as their variables in this process, so that
     `settings()` here and any child process read them (the CLI's process-wide flags)."""
     os.environ.update(to_env(values))
+
+
+def torchrun_values() -> dict[str, Any]:
+    """torchrun's environment as engine options: each torchrun process is one node of
+    one rank (RANK -> node_rank, WORLD_SIZE -> nnodes and tp_size, MASTER_ADDR:MASTER_PORT ->
+    dist_init_addr); empty when not launched by torchrun."""
+    env = os.environ
+    if not all(env.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return {}
+    world = int(env["WORLD_SIZE"])
+    return {"node_rank": int(env["RANK"]), "nnodes": world, "tp_size": world,
+            "dist_init_addr": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"}
 
 
 # ---- process-wide settings -------------------------------------------------------------------

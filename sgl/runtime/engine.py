@@ -1,13 +1,18 @@
-"""In-process Engine: SGLang's offline engine API over our scheduler.
+"""Engine: SGLang's offline engine API; the model runs in worker processes.
 
-`Engine(...)` loads the model, sizes the KV pool, and starts the scheduler thread.
-`generate` / `async_generate` tokenize, submit plain requests, and collect
-`{"text", "output_ids", "meta_info"}` results (streams yield cumulative text). Closing a
-stream early aborts its request, which frees its KV. If the scheduler thread dies, every
-caller waiting on it gets `SchedulerCrashedError` naming the cause (waits poll the
-thread, so even a death that notifies nobody cannot hang a caller), and so does every
-later call; `faulthandler` is on, so a fatal signal in native code leaves every
-thread's stack on stderr.
+`Engine(...)` resolves the model (a GGUF is converted once), loads its tokenizer and chat
+template here, in the API process, and starts one worker process per tensor-parallel rank
+of this machine (worker/client.py): the scheduler and the model live there. `generate` /
+`async_generate` tokenize, submit plain requests, and collect `{"text", "output_ids",
+"meta_info"}` results; the text is detokenized here (streams yield cumulative text).
+Closing a stream early aborts its request, which frees its KV. If a worker dies (killed,
+out of memory, a crash it reports), every caller waiting on it gets
+`SchedulerCrashedError` naming the cause, and so does every later call. `shutdown()`
+(or leaving the `with` block) stops every process the engine started.
+
+Why processes and not a thread of this one: measured in benchmarks/bench_process_split.py
+(see the README); the worker runs its loop without this process's GIL, tokenization,
+detokenization and HTTP in its way.
 """
 
 from __future__ import annotations
@@ -15,109 +20,64 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import logging
-import os
 import queue
-import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import torch
-
 from sgl.runtime.config import EngineConfig
 from sgl.runtime.engine_io import ReqSpec, normalize, to_result
-from sgl.runtime.scheduler.req import Req, ReqOutput
+from sgl.runtime.ipc.messages import Generate
+from sgl.runtime.scheduler.req import ReqOutput
 
 log = logging.getLogger("sgl.engine")
 
-KV_TOKENS_CAP = 131072
-# How often a waiting caller checks that the scheduler thread is still alive.
+# How often a waiting caller checks that the workers are still alive.
 LIVENESS_POLL_S = 0.5
 
 
 class SchedulerCrashedError(RuntimeError):
-    """The engine's scheduler thread died; the message names the cause. The engine is
-    unusable afterwards: create a new one (the server reports 5xx and /health fails)."""
+    """The engine's worker (its scheduler or model) died; the message names the cause. The
+    engine is unusable afterwards: create a new one (the server reports 5xx and /health fails)."""
 
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
-        self.config = cfg = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
-        from sgl.radix import RadixTree
-        from sgl.runtime.attention.registry import create_attention_backend
-        from sgl.runtime.executor.model_runner import ModelRunner
-        from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
-        from sgl.runtime.memory.kv_pool import KVPool
-        from sgl.runtime.models.loader import load_model
-        from sgl.runtime.scheduler.kv_cache import KVCache
-        from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+        from sgl.runtime.models.loader import read_model_config, resolve_model_dir
+        from sgl.runtime.models.tokenizer import load_tokenizer
+        from sgl.runtime.worker.client import WorkerClient
+        from sgl.runtime.worker.launch import with_dist_addr
 
-        if not faulthandler.is_enabled():  # a fatal signal in a kernel leaves the stacks in the log
+        if not faulthandler.is_enabled():  # a fatal signal leaves the stacks in the log
             faulthandler.enable(all_threads=True)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        # Set once per process, and once in the scheduler thread before its first step
-        # (see _run_scheduler); nothing changes it between steps.
-        self._num_threads = torch.get_num_threads()
-        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        self.device = device
-        loaded = load_model(cfg.model_path, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir,
-                            prepack=not cfg.disable_packed_linears)
-        self.model_config = mc = loaded.config
-        self.tokenizer = loaded.tokenizer
-        self.chat_template = loaded.chat_template
-        self.model_path = loaded.model_path
-        self.hf_dir = loaded.hf_dir
-        self.dtype = next(loaded.model.parameters()).dtype
+        self._stopped = False
+        self.workers: Any = None
+        cfg = EngineConfig.from_kwargs(model_path=model_path, **kwargs)
+        if cfg.node_rank != 0:
+            raise ValueError("an Engine runs on node 0; start the other nodes with "
+                             "python -m sgl.launch_server --node-rank N (they serve no requests)")
+        self.config = cfg = with_dist_addr(cfg)
+        hf_dir, self.model_path = resolve_model_dir(cfg.model_path, cfg.cache_dir)
+        self.hf_dir = hf_dir
+        self.model_config = mc = read_model_config(hf_dir)
+        self.tokenizer = load_tokenizer(hf_dir)
+        self.chat_template = self.tokenizer.chat_template
         self.context_length = cfg.context_length or mc.max_position_embeddings
         self.eos_token_ids = set(mc.eos_token_ids)
         self.vocab_size = mc.vocab_size
-
-        kv_dtype = self.dtype
-        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
-        if cfg.max_total_tokens:
-            num_tokens = cfg.max_total_tokens
-        else:
-            total_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            num_tokens = min(KV_TOKENS_CAP, int(total_mem * cfg.mem_fraction / per_token))
-        self.max_total_tokens = num_tokens
-        pool = KVPool(num_tokens + 1, mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, device)
-        attn = create_attention_backend(cfg.attention_backend, pool, device)
-        kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(num_tokens + 1),
-                     ReqToTokenPool(cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK, self.context_length, device))
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                schedule_policy=cfg.schedule_policy,
-                max_prefill_tokens=cfg.max_prefill_tokens,
-                chunked_prefill_size=cfg.chunked_prefill_size,
-                max_running_requests=cfg.max_running_requests,
-                enable_jump_forward=not cfg.disable_jump_forward,
-                enable_mixed_chunk=cfg.enable_mixed_chunk,
-                random_seed=cfg.random_seed,
-                grammar_compile_timeout=cfg.grammar_compile_timeout,
-            ),
-            ModelRunner(loaded.model, attn, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads),
-            kv, self.tokenizer, self.eos_token_ids,
-            grammar_compiler=_LazyGrammarCompiler(self), device=device,
-        )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run_scheduler, name="sgl-scheduler", daemon=True)
-        self._thread.start()
-
-    def _run_scheduler(self) -> None:
-        # A new thread starts with OpenMP's default team size, not the caller's: set it
-        # here, once, before the first oneDNN primitive is built on this thread.
-        torch.set_num_threads(self._num_threads)
-        self.scheduler.run_forever(self._stop)
+        self.workers = WorkerClient(cfg, str(hf_dir), self.tokenizer)
+        ready = self.workers.ready
+        self.max_total_tokens = ready.max_total_tokens
+        self.dtype = ready.dtype
+        self.device = ready.device
+        self._ready = ready
 
     # -- liveness -----------------------------------------------------------------------
     def check_alive(self) -> None:
-        """Raise SchedulerCrashedError if the scheduler thread has died."""
-        reason = self.scheduler.crash_reason
-        if reason is None and not self._thread.is_alive() and not self._stop.is_set():
-            reason = "the scheduler thread exited"
+        """Raise SchedulerCrashedError if the workers have died."""
+        reason = self.workers.crash_reason if self.workers is not None else "the engine did not start"
         if reason is not None:
-            raise SchedulerCrashedError(f"the engine's scheduler crashed ({reason}); create a new Engine")
+            raise SchedulerCrashedError(f"the engine's worker died ({reason}); create a new Engine")
 
     def _get(self, q: "queue.Queue[ReqOutput]") -> ReqOutput:
         while True:
@@ -126,7 +86,7 @@ class Engine:
             except queue.Empty:
                 self.check_alive()
                 continue
-            if _is_abort(out):  # a crash finishes every request with an abort first
+            if _is_abort(out):  # a death finishes every request with an abort first
                 self.check_alive()
             return out
 
@@ -141,9 +101,9 @@ class Engine:
         finally:
             task.cancel()
 
-    def _call(self, fn: Any, timeout: float | None = None) -> Any:
-        """Run fn in the scheduler thread and return its result; raise if the thread dies."""
-        fut = self.scheduler.call(fn)
+    def _call(self, name: str, *args: Any, timeout: float | None = None) -> Any:
+        """Run a named control call in the worker and return its value; raise if it dies."""
+        fut = self.workers.call(name, *args)
         waited = 0.0
         while True:
             try:
@@ -152,13 +112,16 @@ class Engine:
                 self.check_alive()
                 waited += LIVENESS_POLL_S
                 if timeout is not None and waited >= timeout:
-                    raise TimeoutError(f"the scheduler did not answer within {timeout:.0f}s") from None
+                    raise TimeoutError(f"the worker did not answer {name!r} within {timeout:.0f}s") from None
+            except Exception:
+                self.check_alive()  # a death is reported as such, not as the call's failure
+                raise
 
     # -- generation -------------------------------------------------------------------
     def _specs(self, prompt: Any, input_ids: Any, sampling_params: Any, return_logprob: Any,
                logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
                rid: Any) -> tuple[list[ReqSpec], bool]:
-        if self._stop.is_set():
+        if self._stopped:
             raise RuntimeError("this engine was shut down; create a new Engine")
         self.check_alive()
         specs, is_batch = normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
@@ -174,10 +137,10 @@ class Engine:
         return specs, is_batch
 
     def _submit(self, spec: ReqSpec, on_output: Any, stream: bool) -> None:
-        self.scheduler.submit(Req(
-            rid=spec.rid, input_ids=spec.input_ids, params=spec.params,
-            return_logprob=spec.return_logprob, logprob_start_len=spec.logprob_start_len,
-            top_logprobs_num=spec.top_logprobs_num, stream=stream, on_output=on_output))
+        self.workers.submit(Generate(
+            rid=spec.rid, input_ids=spec.input_ids, params=spec.params, return_logprob=spec.return_logprob,
+            logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, stream=stream),
+            on_output)
 
     def generate(
         self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
@@ -261,24 +224,27 @@ class Engine:
 
     # -- control ------------------------------------------------------------------------
     def abort(self, rid: str) -> None:
-        self.scheduler.abort(rid)
+        self.workers.abort(rid)
 
     def flush_cache(self) -> bool:
-        return bool(self._call(self.scheduler.kv.flush))
+        return bool(self._call("flush_cache"))
 
     def get_server_info(self) -> dict[str, Any]:
-        info = self._call(self.scheduler.snapshot)
+        info = self._call("snapshot")
+        r = self._ready
         info.update({
-            "model_path": self.model_path, "dtype": str(self.dtype).replace("torch.", ""),
-            "context_length": self.context_length, "device": self.device,
-            "schedule_policy": self.config.schedule_policy,
+            "model_path": self.model_path, "dtype": self.dtype, "context_length": self.context_length,
+            "device": self.device, "schedule_policy": self.config.schedule_policy,
             "disable_radix_cache": self.config.disable_radix_cache,
+            "tp_size": r.tp_size, "nnodes": r.nnodes,
+            "kv_pool_tokens_per_rank": r.kv_pool_tokens_per_rank, "kv_pool_bytes_per_rank": r.kv_pool_bytes_per_rank,
+            "worker_pids": r.pids,
         })
         return info
 
     def check_invariants(self) -> None:
-        """Prove (in the scheduler thread) that no KV slot is leaked or double-owned."""
-        self._call(self.scheduler.check_invariants)
+        """Prove (in the worker) that no KV slot is leaked or double-owned."""
+        self._call("check_invariants")
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
@@ -288,16 +254,12 @@ class Engine:
                                                   add_generation_prompt=add_generation_prompt, tools=tools)
 
     def shutdown(self) -> None:
-        if self._stop.is_set():
+        """Abort what is in flight (callers get an abort result) and stop every worker process."""
+        if self._stopped:
             return
-        try:  # callers still waiting get an abort result instead of hanging
-            self._call(lambda: self.scheduler.abort_all("the engine was shut down"), timeout=30)
-        except SchedulerCrashedError:
-            pass  # its callers were told when it died
-        except Exception:  # a wedged loop must not block shutdown
-            log.exception("could not abort in-flight requests at shutdown")
-        self._stop.set()
-        self._thread.join(timeout=10)
+        self._stopped = True
+        if self.workers is not None:
+            self.workers.shutdown()
 
     def __enter__(self) -> "Engine":
         return self
@@ -306,8 +268,9 @@ class Engine:
         self.shutdown()
 
     def __del__(self) -> None:
-        try:
-            self._stop.set()
+        try:  # forgotten without shutdown(): do not leave the worker processes running
+            if not self._stopped and self.workers is not None:
+                self.workers.close()
         except Exception:
             pass
 
@@ -320,22 +283,3 @@ def _is_abort(out: ReqOutput) -> bool:
 def _set_once(fut: asyncio.Future, value: Any) -> None:
     if not fut.done():
         fut.set_result(value)
-
-
-class _LazyGrammarCompiler:
-    """Builds the grammar compiler on first use, so engines that never see a
-    constraint never import the grammar stack."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._compiler: Any = None
-
-    def submit(self, kind: str, spec: str) -> Any:
-        if self._compiler is None:
-            from sgl.runtime.constrained.registry import GrammarCompiler
-            from sgl.runtime.constrained.vocab import TokenizerInfo
-
-            e = self._engine
-            tok = TokenizerInfo.from_hf_tokenizer(e.tokenizer, eos_token_ids=sorted(e.eos_token_ids))
-            self._compiler = GrammarCompiler(tok, timeout_s=e.config.grammar_compile_timeout)
-        return self._compiler.submit(kind, spec)

@@ -28,6 +28,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.engine import SchedulerCrashedError
 from sgl.runtime.lru import LRU
 from sgl.runtime.sampling_params import ALIASES, SamplingParams
 from sgl.server.errors import APIError, ClientDisconnected, bad_request
@@ -77,9 +78,12 @@ class StreamHandle:
         last = self.first
         yield self.first
         if finish_of(self.first) is None:
-            async for chunk in self.it:
-                last = chunk
-                yield chunk
+            try:
+                async for chunk in self.it:
+                    last = chunk
+                    yield chunk
+            except SchedulerCrashedError as e:  # mid-stream: the handlers send it as an error event
+                raise APIError(str(e), 503) from e
         self.closed = True
         self.client.active.pop(self.rid, None)
         self.client.metrics.observe_generation(last.get("meta_info") or {}, time.perf_counter() - self.t0, self.ttft)

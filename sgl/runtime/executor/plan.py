@@ -69,6 +69,14 @@ class PlanRow:
 class StepPlan:
     rows: list[PlanRow]
     released_uids: list[int] = field(default_factory=list)  # finished since the last plan: drop their state
+    # (row, start, slots) writes to the request -> token table since the last plan, for
+    # executors that keep their own copy of the table (tensor-parallel ranks other than 0).
+    table_writes: list[tuple[int, int, list[int]]] = field(default_factory=list)
+
+
+class FatalExecutorError(RuntimeError):
+    """Raised by an executor that can never run another step (a tensor-parallel peer
+    died mid-collective): the scheduler stops instead of failing one batch and going on."""
 
 
 @dataclass

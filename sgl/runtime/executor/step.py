@@ -17,7 +17,8 @@ import torch
 
 from sgl.runtime.constrained.masks import allocate_masks
 from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.executor.plan import RowResult, SampleSpec, StepPlan, StepResult
+from sgl.runtime.executor.plan import FatalExecutorError, RowResult, SampleSpec, StepPlan, StepResult
+from sgl.runtime.ipc.messages import Forward
 from sgl.runtime.executor.sampler import prompt_logprobs, sample
 
 
@@ -31,35 +32,55 @@ class Executor(Protocol):
         """Run one step; the result's rows align with plan.rows."""
 
 
-def build_forward_batch(plan: StepPlan, req_to_token: torch.Tensor, device: str | torch.device = "cpu"
-                        ) -> tuple[ForwardBatch, list[int], list[int]]:
-    """(batch, first prompt-logprob logits row per plan row, sampled logits row or -1)."""
-    input_ids: list[int] = []
-    out_loc: list[int] = []
-    logits_idx: list[int] = []
+def forward_inputs(plan: StepPlan) -> tuple[Forward, list[int], list[int]]:
+    """(the step as plain lists, first prompt-logprob logits row per plan row, sampled
+    logits row or -1)."""
+    fwd = Forward(table_writes=plan.table_writes)
     lp_rows: list[int] = []
     sample_rows: list[int] = []
+    logits_idx = fwd.logits_indices
     for r in plan.rows:
-        start = len(input_ids)  # this row's offset on the token axis
-        input_ids.extend(r.input_ids)
-        out_loc.extend(r.out_cache_loc)
+        start = len(fwd.input_ids)  # this row's offset on the token axis
+        fwd.input_ids.extend(r.input_ids)
+        fwd.out_cache_loc.extend(r.out_cache_loc)
+        fwd.req_pool_indices.append(r.req_pool_idx)
+        fwd.prefix_lens.append(r.prefix_len)
+        fwd.extend_lens.append(r.extend_len)
         lp_rows.append(len(logits_idx))
         lo = start + r.prompt_lp_start - r.prefix_len
         logits_idx.extend(range(lo, lo + len(r.prompt_lp_next_ids)))
         sample_rows.append(len(logits_idx) if r.sample is not None else -1)
         if r.sample is not None:
             logits_idx.append(start + r.extend_len - 1)
-    fb = ForwardBatch.build(input_ids, out_loc, [r.req_pool_idx for r in plan.rows],
-                            [r.prefix_len for r in plan.rows], [r.extend_len for r in plan.rows],
-                            req_to_token, logits_indices=logits_idx, device=device)
-    return fb, lp_rows, sample_rows
+    return fwd, lp_rows, sample_rows
+
+
+def to_batch(fwd: Forward, req_to_token: torch.Tensor, device: str | torch.device = "cpu") -> ForwardBatch:
+    return ForwardBatch.build(fwd.input_ids, fwd.out_cache_loc, fwd.req_pool_indices, fwd.prefix_lens,
+                              fwd.extend_lens, req_to_token, logits_indices=fwd.logits_indices, device=device)
+
+
+def build_forward_batch(plan: StepPlan, req_to_token: torch.Tensor, device: str | torch.device = "cpu"
+                        ) -> tuple[ForwardBatch, list[int], list[int]]:
+    """(batch, first prompt-logprob logits row per plan row, sampled logits row or -1)."""
+    fwd, lp_rows, sample_rows = forward_inputs(plan)
+    return to_batch(fwd, req_to_token, device), lp_rows, sample_rows
+
+
+class Peers(Protocol):
+    """The other tensor-parallel ranks, as rank 0's executor sees them."""
+
+    def send(self, fwd: Forward) -> None:
+        """Have every other rank run `fwd` with us (its collectives pair with ours)."""
 
 
 class StepExecutor:
     """The in-process executor over a model runner (`runner.forward(batch) -> logits`)."""
 
-    def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, device: str | torch.device = "cpu") -> None:
+    def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, device: str | torch.device = "cpu",
+                 peers: Peers | None = None) -> None:
         self.runner = runner
+        self.peers = peers
         self.req_to_token = req_to_token
         self.device = device
         self._generators: dict[int, torch.Generator] = {}
@@ -68,8 +89,16 @@ class StepExecutor:
     def execute(self, plan: StepPlan) -> StepResult:
         for uid in plan.released_uids:
             self._generators.pop(uid, None)
-        fb, lp_rows, sample_rows = build_forward_batch(plan, self.req_to_token, self.device)
-        logits = self.runner.forward(fb)
+        fwd, lp_rows, sample_rows = forward_inputs(plan)
+        batch = to_batch(fwd, self.req_to_token, self.device)
+        if self.peers is None:
+            logits = self.runner.forward(batch)
+        else:
+            self.peers.send(fwd)
+            try:
+                logits = self.runner.forward(batch)
+            except Exception as e:  # the ranks are out of step in their collectives for good
+                raise FatalExecutorError(f"tensor-parallel forward failed: {type(e).__name__}: {e}") from e
         out = [RowResult() for _ in plan.rows]
         for i, r in enumerate(plan.rows):
             if r.prompt_lp_next_ids:

@@ -64,6 +64,16 @@ class ReqToTokenPool:
         self.max_context = max_context
         self.table = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
         self._free_rows: list[int] = list(range(max_reqs - 1, -1, -1))
+        # Writes since the last take_journal(), kept only when record_writes() was called
+        # (tensor parallelism: the other ranks replay them on their copy of the table).
+        self._journal: list[tuple[int, int, list[int]]] | None = None
+
+    def record_writes(self) -> None:
+        self._journal = []
+
+    def take_journal(self) -> list[tuple[int, int, list[int]]]:
+        out, self._journal = self._journal, ([] if self._journal is not None else None)
+        return out or []
 
     @property
     def num_free(self) -> int:
@@ -78,3 +88,5 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: list[int]) -> None:
         if slots:
             self.table[row, start : start + len(slots)] = torch.tensor(slots, dtype=torch.int64)
+            if self._journal is not None:
+                self._journal.append((row, start, list(slots)))

@@ -122,6 +122,23 @@ def load_hf_weights(model: torch.nn.Module, hf_dir: Path) -> None:
     model.load_weights(merged)
 
 
+def resolve_model_dir(model_path: str | None, cache_dir: str | None = None) -> tuple[Path, str]:
+    """(the model as a Hugging Face folder, the path to show for it); a GGUF file (default:
+    the embedded SmolLM2) is converted into the cache once."""
+    if model_path is None:
+        gguf = embedded_gguf_path()
+        return ensure_hf_from_gguf(gguf, cache_dir), str(gguf)
+    p = Path(model_path).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return ensure_hf_from_gguf(p, cache_dir), model_path
+    if p.is_dir() and (p / "config.json").exists():
+        return p, model_path
+    raise ValueError(
+        f"model path {model_path!r} is neither a .gguf file nor a local folder with config.json "
+        "(model hubs are not used)"
+    )
+
+
 def load_model(
     model_path: str | None = None,
     dtype: torch.dtype | str = "auto",
@@ -131,21 +148,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a Llama-family model, converting a GGUF (default: embedded SmolLM2) once;
     `prepack` packs the CPU weights for small batches where verified (kernels/cpu/linear.py)."""
-    if model_path is None:
-        gguf = embedded_gguf_path()
-        hf_dir = ensure_hf_from_gguf(gguf, cache_dir)
-        model_path = str(gguf)
-    else:
-        p = Path(model_path).expanduser()
-        if p.is_file() and p.suffix == ".gguf":
-            hf_dir = ensure_hf_from_gguf(p, cache_dir)
-        elif p.is_dir() and (p / "config.json").exists():
-            hf_dir = p
-        else:
-            raise ValueError(
-                f"model path {model_path!r} is neither a .gguf file nor a local folder with config.json "
-                "(model hubs are not used)"
-            )
+    hf_dir, model_path = resolve_model_dir(model_path, cache_dir)
     config = read_model_config(hf_dir)
     torch_dtype = resolve_dtype(dtype, device)
     model = model_class(config.architecture)(config, torch_dtype)

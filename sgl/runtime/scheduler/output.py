@@ -16,10 +16,14 @@ from sgl.runtime.scheduler.req import Req, ReqOutput
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any, eos_ids: set[int], enable_jump_forward: bool) -> None:
+    def __init__(self, tokenizer: Any, eos_ids: set[int], enable_jump_forward: bool,
+                 detokenize_outputs: bool = True) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.enable_jump_forward = enable_jump_forward
+        # False in a worker process: the API process decodes the ids it receives, so the
+        # worker decodes only for stop strings (and sends the text when one matched).
+        self.detokenize_outputs = detokenize_outputs
 
     def detokenize(self, req: Req) -> None:
         """Bring req.detok up to the output ids (O(1) per new token)."""
@@ -143,12 +147,17 @@ class OutputProcessor:
 
     def make_output(self, req: Req) -> ReqOutput:
         finished = req.finished
-        if finished or not (req.params.stop or req.params.stop_regex):
-            if not (finished and req.finish_reason.get("type") == "stop" and isinstance(req.finish_reason.get("matched"), str)):
+        stop_trimmed = finished and req.finish_reason.get("type") == "stop" and isinstance(
+            req.finish_reason.get("matched"), str)
+        text: str | None
+        if stop_trimmed:
+            text = req.text
+        elif not self.detokenize_outputs:
+            text = None
+        else:
+            if finished or not (req.params.stop or req.params.stop_regex):
                 req.text = self.decode(req)
-        text = req.text
-        if not finished:
-            text = text.rstrip(REPLACEMENT)
+            text = req.text if finished else req.text.rstrip(REPLACEMENT)
         return ReqOutput(rid=req.rid, text=text, output_ids=list(req.output_ids), finished=finished,
                          meta_info=self.meta_info(req))
 

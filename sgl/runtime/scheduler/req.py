@@ -22,10 +22,11 @@ from sgl.runtime.scheduler.detokenize import DecodeState
 
 @dataclass
 class ReqOutput:
-    """What the scheduler emits for a request: cumulative text and ids so far."""
+    """What the scheduler emits for a request: cumulative text and ids so far. `text` is
+    None where the scheduler leaves decoding to its receiver (see OutputProcessor)."""
 
     rid: str
-    text: str
+    text: str | None
     output_ids: list[int]
     finished: bool
     meta_info: dict[str, Any]

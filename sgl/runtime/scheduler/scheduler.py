@@ -1,10 +1,10 @@
 """The scheduler loop: receive requests, pick a prefill or decode batch, hand the
 executor a plain `StepPlan`, and `update` the requests from its `StepResult` (token ids,
 logprobs): append tokens, advance grammars, finish requests, emit outputs. Runs in a
-background thread of the engine process (torch releases the GIL inside its kernels, and
-the engine talks to it only through the thread-safe inbox and per-request callbacks
-carrying plain `ReqOutput`s, so moving it to its own process later changes only the
-transport). Tests drive `step()` directly with a fake executor that returns token ids.
+thread of the worker process (worker/serve.py), fed through the thread-safe inbox by the
+thread that reads the API process's messages; outputs leave through per-request
+callbacks carrying plain `ReqOutput`s. Tests drive `step()` directly with a fake
+executor that returns token ids.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from sgl.runtime.executor.plan import StepPlan, StepResult
+from sgl.runtime.executor.plan import FatalExecutorError, StepPlan, StepResult
 from sgl.runtime.executor.step import Executor, ModelRunner, StepExecutor
 from sgl.runtime.scheduler.decode import schedule_decode
 from sgl.runtime.scheduler.kv_cache import KVCache
@@ -52,6 +52,7 @@ class SchedulerConfig:
     grammar_compile_timeout: float = 30.0
     check_invariants_when_idle: bool = False
     enable_mixed_chunk: bool = False
+    detokenize_outputs: bool = True  # False: outputs carry ids only (the API process decodes)
 
 
 class Scheduler:
@@ -76,7 +77,7 @@ class Scheduler:
         self.eos_ids = set(eos_ids)
         self.grammar_compiler = grammar_compiler
         self.device = device
-        self.out = OutputProcessor(tokenizer, self.eos_ids, cfg.enable_jump_forward)
+        self.out = OutputProcessor(tokenizer, self.eos_ids, cfg.enable_jump_forward, cfg.detokenize_outputs)
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.waiting: list[Req] = []
         self.grammar_wait: list[Req] = []
@@ -116,7 +117,9 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running or self.grammar_wait)
 
-    def run_forever(self, stop: threading.Event) -> None:
+    def run_forever(self, stop: threading.Event, after_iteration: Callable[[], None] | None = None) -> None:
+        """Loop until `stop` is set. `after_iteration` runs after every iteration, busy or
+        idle, in this thread (the worker sends the iteration's outputs there)."""
         try:
             while not stop.is_set():
                 if self.fault_hook is not None:
@@ -126,10 +129,14 @@ class Scheduler:
                         self.fault_hook("step")
                     if not self.step():
                         self._drain_inbox(timeout=0.02)
+                except FatalExecutorError:
+                    raise
                 except Exception:  # never let one bad batch kill the loop
                     log.exception("scheduler step failed; aborting the requests it held")
                     for r in self.prefilling + self.running:
                         self._finish(r, {"type": "abort", "message": "internal error while running the model"})
+                if after_iteration is not None:
+                    after_iteration()
         except BaseException as e:  # the loop itself died: nobody may wait on it forever
             self._fail_everything(e)
 
@@ -195,6 +202,7 @@ class Scheduler:
             return None
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         plan = make_plan(batch, self.eos_ids, self._released)
+        plan.table_writes = self.kv.req_to_token.take_journal()
         self._released = []
         return plan
 

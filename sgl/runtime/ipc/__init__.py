@@ -1,0 +1,1 @@
+"""Messages and sockets between the API process and the worker processes."""

@@ -1,0 +1,141 @@
+"""Build one rank's half of the engine in its worker process: the model shard, the KV
+pool holding this rank's KV heads, the attention backend and model runner; on rank 0 also
+the scheduler (radix tree, allocator, request table, grammar compiler) over them.
+
+The pool size is decided once for all ranks (the smallest any rank can afford), because
+rank 0's allocator hands out slot numbers that every rank's pool must hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sgl.runtime.config import EngineConfig
+from sgl.runtime.distributed.parallel import TPInfo
+from sgl.runtime.memory.kv_pool import KVPool
+from sgl.runtime.models.config import ModelConfig
+
+log = logging.getLogger("sgl.worker")
+
+KV_TOKENS_CAP = 131072
+
+
+@dataclass
+class RankModel:
+    """What every rank builds (plain handles; rank 0 adds a scheduler on top)."""
+
+    model: torch.nn.Module
+    config: ModelConfig
+    tokenizer: Any
+    pool: KVPool
+    runner: Any  # executor/model_runner.ModelRunner
+    device: str
+    context_length: int
+    max_total_tokens: int
+    tp: TPInfo
+
+
+def resolve_device(cfg: EngineConfig) -> str:
+    return cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pool_tokens(cfg: EngineConfig, mc: ModelConfig, local_kv_heads: int, dtype: torch.dtype, tp: TPInfo) -> int:
+    """KV slots every rank's pool gets: max_total_tokens, else mem_fraction of this machine's
+    memory for this rank's heads (capped), the minimum over ranks."""
+    if cfg.max_total_tokens:
+        return cfg.max_total_tokens
+    per_token = KVPool.bytes_per_token(mc.num_layers, local_kv_heads, mc.head_dim, dtype)
+    total_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    local_ranks = max(1, cfg.tp_size // cfg.nnodes)  # they share this machine's memory
+    n = min(KV_TOKENS_CAP, int(total_mem * cfg.mem_fraction / local_ranks / per_token))
+    if tp.size > 1:
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        n = int(t[0])
+    return n
+
+
+def build_rank(cfg: EngineConfig, hf_dir: str, tp: TPInfo) -> RankModel:
+    from sgl.runtime.attention.registry import create_attention_backend
+    from sgl.runtime.executor.model_runner import ModelRunner
+    from sgl.runtime.models.loader import load_model
+
+    device = resolve_device(cfg)
+    kwargs: dict[str, Any] = {"tp": tp} if tp.size > 1 else {}
+    loaded = load_model(hf_dir, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir,
+                        prepack=not cfg.disable_packed_linears, **kwargs)
+    mc = loaded.config
+    model = loaded.model
+    dtype = next(model.parameters()).dtype
+    kv_heads = getattr(model, "num_local_kv_heads", mc.num_kv_heads)
+    num_tokens = pool_tokens(cfg, mc, kv_heads, dtype, tp)
+    pool = KVPool(num_tokens + 1, mc.num_layers, kv_heads, mc.head_dim, dtype, device)
+    attn = create_attention_backend(cfg.attention_backend, pool, device)
+    runner = ModelRunner(model, attn, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads)
+    return RankModel(model=model, config=mc, tokenizer=loaded.tokenizer, pool=pool, runner=runner, device=device,
+                     context_length=cfg.context_length or mc.max_position_embeddings,
+                     max_total_tokens=num_tokens, tp=tp)
+
+
+def request_table(cfg: EngineConfig, rm: RankModel) -> Any:
+    """The request -> token table, the same shape on every rank."""
+    from sgl.runtime.memory.allocator import ReqToTokenPool
+    from sgl.runtime.scheduler.scheduler import Scheduler
+
+    return ReqToTokenPool(cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK, rm.context_length, rm.device)
+
+
+def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
+    """Rank 0's scheduler over `rm`; `peers` (distributed/peers.py) when tp > 1."""
+    from sgl.radix import RadixTree
+    from sgl.runtime.executor.step import StepExecutor
+    from sgl.runtime.memory.allocator import SlotAllocator
+    from sgl.runtime.scheduler.kv_cache import KVCache
+    from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+
+    table = request_table(cfg, rm)
+    if peers is not None:
+        table.record_writes()  # the other ranks replay them (StepPlan.table_writes)
+    kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(rm.max_total_tokens + 1), table)
+    eos = set(rm.config.eos_token_ids)
+    return Scheduler(
+        SchedulerConfig(
+            schedule_policy=cfg.schedule_policy,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_running_requests=cfg.max_running_requests,
+            enable_jump_forward=not cfg.disable_jump_forward,
+            enable_mixed_chunk=cfg.enable_mixed_chunk,
+            random_seed=cfg.random_seed,
+            grammar_compile_timeout=cfg.grammar_compile_timeout,
+            detokenize_outputs=False,
+        ),
+        rm.runner, kv, rm.tokenizer, eos, grammar_compiler=LazyGrammarCompiler(rm.tokenizer, eos, cfg),
+        device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers),
+    )
+
+
+class LazyGrammarCompiler:
+    """Builds the grammar compiler on first use, so workers that never see a constraint
+    never import the grammar stack."""
+
+    def __init__(self, tokenizer: Any, eos_ids: set[int], cfg: EngineConfig) -> None:
+        self._tokenizer = tokenizer
+        self._eos = sorted(eos_ids)
+        self._timeout = cfg.grammar_compile_timeout
+        self._compiler: Any = None
+
+    def submit(self, kind: str, spec: str) -> Any:
+        if self._compiler is None:
+            from sgl.runtime.constrained.registry import GrammarCompiler
+            from sgl.runtime.constrained.vocab import TokenizerInfo
+
+            tok = TokenizerInfo.from_hf_tokenizer(self._tokenizer, eos_token_ids=self._eos)
+            self._compiler = GrammarCompiler(tok, timeout_s=self._timeout)
+        return self._compiler.submit(kind, spec)

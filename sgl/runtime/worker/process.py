@@ -1,0 +1,107 @@
+"""Entry point of one worker process (one tensor-parallel rank):
+`python -m sgl.runtime.worker.process SPEC_JSON` (ipc/messages.py WorkerSpec).
+
+Started by the API process for the ranks on its machine, or by `launch_server` on the
+other nodes. It ignores SIGINT (Ctrl-C in a terminal reaches the whole process group;
+the API process decides how to stop), joins the process group when tp > 1, builds its
+shard, and then serves (rank 0) or follows. A failure before serving is reported to the
+API process as `Crashed` (rank 0) and always as a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+
+import torch
+
+from sgl.runtime.config import EngineConfig, torchrun_values
+from sgl.runtime.distributed.parallel import TPInfo
+from sgl.runtime.ipc.messages import Crashed, Ready, WorkerSpec, decode_spec
+from sgl.runtime.memory.kv_pool import KVPool
+from sgl.runtime.worker.build import RankModel
+
+log = logging.getLogger("sgl.worker")
+
+
+def threads_per_rank(cfg: EngineConfig) -> int:
+    if cfg.num_threads:
+        return cfg.num_threads
+    local_ranks = max(1, cfg.tp_size // cfg.nnodes)
+    return max(1, (os.cpu_count() or 1) // local_ranks)
+
+
+def main(spec: WorkerSpec) -> int:
+    from sgl.runtime.worker.build import build_rank, build_scheduler, request_table
+
+    cfg = EngineConfig.from_kwargs(**spec.config)
+    torch.set_num_threads(threads_per_rank(cfg))
+    serve = None
+    if spec.rank == 0:
+        from sgl.runtime.worker.serve import Serve
+
+        serve = Serve(None, spec.in_addr, spec.out_addr, spec.parent_pid)
+    try:
+        tp, peers = TPInfo(), None
+        if cfg.tp_size > 1:
+            from sgl.runtime.distributed.group import init_tp_group
+            from sgl.runtime.distributed.peers import PlanBroadcast
+
+            device = "cuda" if cfg.device == "cuda" else "cpu"
+            tp, plan_group = init_tp_group(spec.rank, cfg.tp_size, spec.dist_init_method, cfg.dist_timeout, device)
+            peers = PlanBroadcast(plan_group, keepalive_s=min(10.0, cfg.dist_timeout / 4))
+        rm = build_rank(cfg, spec.hf_dir, tp)
+        sizes = _gather_pool_sizes(rm, tp)
+        if spec.rank != 0:
+            from sgl.runtime.worker.follower import run_follower
+
+            assert peers is not None
+            return run_follower(rm.runner, request_table(cfg, rm), peers, rm.device)
+        assert serve is not None
+        serve.scheduler = build_scheduler(cfg, rm, peers)
+        serve.peers = peers
+        serve.send_now(Ready(
+            max_total_tokens=rm.max_total_tokens, dtype=str(next(rm.model.parameters()).dtype).replace("torch.", ""),
+            device=rm.device, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
+            kv_pool_tokens_per_rank=[t for t, _, _ in sizes], kv_pool_bytes_per_rank=[b for _, b, _ in sizes],
+            pids=[p for _, _, p in sizes]))
+    except Exception as e:
+        log.exception("rank %d failed to start", spec.rank)
+        if serve is not None:
+            serve.send_now(Crashed(f"rank {spec.rank} failed to start: {type(e).__name__}: {e}"))
+            serve.ctx.destroy(linger=5000)
+        return 1
+    return serve.run()
+
+
+def _gather_pool_sizes(rm: RankModel, tp: TPInfo) -> list[tuple[int, int, int]]:
+    """(KV slots, KV bytes, pid) of every rank, in rank order."""
+    p = rm.pool
+    mine = (p.num_slots - 1, p.num_slots * KVPool.bytes_per_token(p.num_layers, p.num_kv_heads, p.head_dim, p.dtype),
+            os.getpid())
+    if tp.size == 1:
+        return [mine]
+    import torch.distributed as dist
+
+    out: list = [None] * tp.size
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def init_method(cfg: EngineConfig) -> str:
+    """How ranks rendezvous: torchrun's own store when launched by it, else tcp://ADDR."""
+    if torchrun_values() and cfg.dist_init_addr == torchrun_values()["dist_init_addr"]:
+        return "env://"
+    return f"tcp://{cfg.dist_init_addr}"
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable(all_threads=True)
+    the_spec = decode_spec(sys.argv[1])
+    logging.basicConfig(level=the_spec.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s rank{the_spec.rank} %(name)s: %(message)s")
+    sys.exit(main(the_spec))
