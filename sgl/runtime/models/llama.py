@@ -10,18 +10,27 @@ decode batches on the CPU run as one C call instead of this forward (the model r
 chooses, kernels/cpu/decode.py). Other bf16 CPU steps run the elementwise ops between
 the matmuls as fused C passes (kernels/cpu/ops.py: residual add + RMSNorm, RoPE in
 place, SiLU*up); fp32 and other devices keep the plain torch ops.
+
+Under tensor parallelism (`tp`, distributed/parallel.py) each rank allocates and loads
+only its shard: its heads of QKV and O, its intermediate rows of gate_up and down, its
+vocab rows of the embedding and the LM head. The two row-parallel products (O, down)
+end in an all_reduce, the embedding lookup too, and the logits are gathered on rank 0.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sgl.runtime.attention.base import AttentionBackend
+from sgl.runtime.distributed import parallel
+from sgl.runtime.distributed.parallel import HeadShard, TPInfo, all_reduce, head_shard, shard_range
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
 from sgl.runtime.kernels.cpu import ops as cpu_ops
@@ -55,6 +64,46 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: linear, llama3)")
 
 
+class Piece(NamedTuple):
+    """Where one checkpoint tensor's local slice goes: into `attr` at row `dst_row` (None:
+    the whole parameter), read as rows (`dim` 0) or columns (1) [lo, hi), or whole (None)."""
+
+    attr: str
+    dst_row: int | None = None
+    dim: int | None = None
+    lo: int = 0
+    hi: int = 0
+
+    def read(self, w: Any) -> torch.Tensor:
+        if self.dim is None:
+            return w[:]
+        return w[self.lo : self.hi] if self.dim == 0 else w[:, self.lo : self.hi]
+
+
+@dataclass(frozen=True)
+class LlamaShard:
+    """What one tensor-parallel rank holds, as ranges of the whole model (the rules are
+    distributed/parallel.py's): its heads, intermediate rows [lo, hi), vocab rows [lo, hi)."""
+
+    heads: HeadShard
+    inter: tuple[int, int]
+    vocab: tuple[int, int]
+
+    @staticmethod
+    def of(c: ModelConfig, tp: TPInfo) -> "LlamaShard":
+        return LlamaShard(head_shard(c.num_heads, c.num_kv_heads, tp),
+                          shard_range(c.intermediate_size, tp, "intermediate rows"),
+                          shard_range(c.vocab_size, tp, "vocab rows"))
+
+    @property
+    def inter_rows(self) -> int:
+        return self.inter[1] - self.inter[0]
+
+    @property
+    def vocab_rows(self) -> int:
+        return self.vocab[1] - self.vocab[0]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -68,24 +117,34 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+    """One layer, or one rank's shard of it: `h`/`kv` local heads, `shard.inter_rows`
+    intermediate rows; the norms and `o_bias` are whole on every rank."""
+
+    def __init__(self, c: ModelConfig, layer_id: int, dtype: torch.dtype, tp: TPInfo, shard: LlamaShard) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.h, self.kv, self.d = c.num_heads, c.num_kv_heads, c.head_dim
+        self.tp = tp
+        self.h, self.kv, self.d = shard.heads.num_heads, shard.heads.num_kv_heads, c.head_dim
         qkv_rows = (self.h + 2 * self.kv) * self.d
+        inter = shard.inter_rows
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.qkv_weight = _param(qkv_rows, c.hidden_size, dtype=dtype)
         self.qkv_bias = _param(qkv_rows, dtype=dtype) if c.attention_bias else None
         self.o_weight = _param(c.hidden_size, self.h * self.d, dtype=dtype)
         self.o_bias = _param(c.hidden_size, dtype=dtype) if c.o_proj_bias else None
-        self.gate_up_weight = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
-        self.down_weight = _param(c.hidden_size, c.intermediate_size, dtype=dtype)
+        self.gate_up_weight = _param(2 * inter, c.hidden_size, dtype=dtype)
+        self.down_weight = _param(c.hidden_size, inter, dtype=dtype)
         self.packed: dict[str, PackedWeight | None] = {}
+
+    @property
+    def o_bias_here(self) -> torch.Tensor | None:
+        """The O bias this rank adds: rank 0 alone, before the all_reduce, so the sum holds it once."""
+        return self.o_bias if self.tp.rank == 0 else None
 
     def prepack(self, verified: dict[tuple, int]) -> None:
         """Pack the projection weights for fast small-batch matmuls (see kernels/cpu/linear.py)."""
-        biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias}
+        biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias_here}
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             self.packed[name] = pack_weight(getattr(self, name), biases.get(name), verified)
 
@@ -108,9 +167,10 @@ class DecoderLayer(nn.Module):
         qk = (qk * cos + qk.flip(2) * sin).view(t, h + kv, d)
         v = qkv[:, (h + kv) * d :].view(t, kv, d)
         o = attn.forward(qk[:, :h], qk[:, h:], v, self.layer_id, batch)
-        x = x + linear(o.reshape(t, h * d), self.o_weight, pk.get("o_weight"), self.o_bias)
+        o = linear(o.reshape(t, h * d), self.o_weight, pk.get("o_weight"), self.o_bias_here)
+        x = x + all_reduce(o, self.tp)
         gate, up = linear(self.post_attention_layernorm(x), self.gate_up_weight, pk.get("gate_up_weight")).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_weight, pk.get("down_weight"))
+        return x + all_reduce(linear(F.silu(gate) * up, self.down_weight, pk.get("down_weight")), self.tp)
 
     def forward_fused(self, x: torch.Tensor, xn: torch.Tensor, rope: tuple, batch: ForwardBatch,
                       attn: AttentionBackend, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,22 +187,30 @@ class DecoderLayer(nn.Module):
         o = attn.forward(q.view(t, h, d), k.view(t, kv, d), v.view(t, kv, d), self.layer_id, batch).reshape(t, h * d)
         if keep is not None:  # always gathered: the logits rows may come in any order
             o, x = o[keep], x[keep]
-        o = linear(o, self.o_weight, pk.get("o_weight"), self.o_bias)
+        o = all_reduce(linear(o, self.o_weight, pk.get("o_weight"), self.o_bias_here), self.tp)
         ln2 = self.post_attention_layernorm
         xn = cpu_ops.add_rmsnorm(x, o, ln2.weight, ln2.eps)
         act = cpu_ops.silu_mul(linear(xn, self.gate_up_weight, pk.get("gate_up_weight")))
-        return x, linear(act, self.down_weight, pk.get("down_weight"))
+        return x, all_reduce(linear(act, self.down_weight, pk.get("down_weight")), self.tp)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+    """The model, or with `tp` one rank's shard of it. A rank's KV pool holds
+    `num_local_kv_heads` heads; its attention runs `num_local_heads` query heads."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, tp: TPInfo = TPInfo()) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_layers))
+        self.tp = tp
+        self.shard = LlamaShard.of(config, tp)
+        self.num_local_heads = self.shard.heads.num_heads
+        self.num_local_kv_heads = self.shard.heads.num_kv_heads
+        vocab_rows = self.shard.vocab_rows
+        self.embed_tokens = _param(vocab_rows, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype, tp, self.shard) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.lm_head = None if config.tie_word_embeddings else _param(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.lm_head = None if config.tie_word_embeddings else _param(vocab_rows, config.hidden_size, dtype=dtype)
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), rope_inv_freq(config))
         # Cached in the model dtype: HF also casts cos/sin to the activation dtype.
         self.register_buffer("rope_cos", freqs.cos().to(dtype), persistent=False)
@@ -157,10 +225,11 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head = pack_weight(self.embed_tokens if self.lm_head is None else self.lm_head, None, verified)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Float32 logits `[len(batch.logits_indices), vocab]`."""
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:
+        """Float32 logits `[len(batch.logits_indices), vocab]`; under tensor parallelism on
+        rank 0 only (the other ranks return None). Every rank must run every step."""
         attn.init_forward(batch)
-        x = F.embedding(batch.input_ids, self.embed_tokens)
+        x = parallel.embedding(batch.input_ids, self.embed_tokens, self.shard.vocab[0], self.tp)
         if cpu_ops.applies(x):
             return self._forward_fused(x, batch, attn)
         # [T, 1, 2, d/2], broadcast over heads: (cos, cos) and (-sin, sin) for the two halves,
@@ -172,9 +241,9 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, batch, attn)
         x = self.norm(x[batch.logits_indices])
-        return linear(x, head, self.packed_head).float()
+        return parallel.gather_logits(linear(x, head, self.packed_head), self.config.vocab_size, self.tp)
 
-    def _forward_fused(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def _forward_fused(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:
         """`forward` on bf16 CPU tensors with the fused ops (same rounding, see kernels/cpu/ops.py)."""
         rope = (batch.positions, self.rope_cos, self.rope_sin)
         ln = self.layers[0].input_layernorm
@@ -186,65 +255,74 @@ class LlamaForCausalLM(nn.Module):
             ln = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
             xn = cpu_ops.add_rmsnorm(x, y, ln.weight, ln.eps)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return linear(xn, head, self.packed_head).float()
+        return parallel.gather_logits(linear(xn, head, self.packed_head), self.config.vocab_size, self.tp)
 
-    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; raise on gaps."""
+    def load_weights(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up and keeping only this
+        rank's slice of each; raise on gaps and wrong shapes. A value is a tensor or a lazy
+        safetensors slice (`get_shape()`, `[lo:hi]`, `[:, lo:hi]`): only the slice is read."""
         c = self.config
         items = weights.items() if isinstance(weights, Mapping) else weights
-        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        i_size = c.intermediate_size
-        # HF sub-name -> (our attribute, row slice of the fused tensor)
-        slices = {
-            "self_attn.q_proj.weight": ("qkv_weight", 0, qd),
-            "self_attn.k_proj.weight": ("qkv_weight", qd, qd + kd),
-            "self_attn.v_proj.weight": ("qkv_weight", qd + kd, qd + 2 * kd),
-            "self_attn.q_proj.bias": ("qkv_bias", 0, qd),
-            "self_attn.k_proj.bias": ("qkv_bias", qd, qd + kd),
-            "self_attn.v_proj.bias": ("qkv_bias", qd + kd, qd + 2 * kd),
-            "self_attn.o_proj.weight": ("o_weight", None, None),
-            "self_attn.o_proj.bias": ("o_bias", None, None),
-            "mlp.gate_proj.weight": ("gate_up_weight", 0, i_size),
-            "mlp.up_proj.weight": ("gate_up_weight", i_size, 2 * i_size),
-            "mlp.down_proj.weight": ("down_weight", None, None),
-            "input_layernorm.weight": ("input_layernorm.weight", None, None),
-            "post_attention_layernorm.weight": ("post_attention_layernorm.weight", None, None),
-        }
-        expected = {n for n, _ in hf_weight_shapes(c)}
+        expected = dict(hf_weight_shapes(c))
+        pieces = self._layer_pieces()
         seen: set[str] = set()
         for name, w in items:
             if "rotary_emb" in name:
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: some checkpoints store the copy anyway
-            dst, lo, hi = self._locate(name, slices)
-            if dst is None:
+            dst, piece = self._locate(name, pieces)
+            if dst is None or name not in expected:
                 raise ValueError(f"unexpected weight {name!r} for {c.architecture}")
-            target = dst if lo is None else dst[lo:hi]
-            if tuple(target.shape) != tuple(w.shape):
-                raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(target.shape)}")
+            shape = tuple(w.shape) if isinstance(w, torch.Tensor) else tuple(w.get_shape())
+            if shape != expected[name]:
+                raise ValueError(f"weight {name!r} has shape {shape}, expected {expected[name]}")
+            part = piece.read(w)
+            target = dst if piece.dst_row is None else dst[piece.dst_row : piece.dst_row + part.shape[0]]
             with torch.no_grad():
-                target.copy_(w)
+                target.copy_(part)
             seen.add(name)
-        missing = expected - seen
+        missing = set(expected) - seen
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} weights, e.g. {sorted(missing)[:3]}")
 
-    def _locate(self, name: str, slices: dict) -> tuple[torch.Tensor | None, int | None, int | None]:
+    def _layer_pieces(self) -> dict[str, Piece]:
+        """HF sub-name of a layer weight -> where this rank's slice of it goes."""
+        heads, d = self.shard.heads, self.config.head_dim
+        q_rows, kv_rows = (heads.q_lo * d, heads.q_hi * d), (heads.kv_lo * d, heads.kv_hi * d)
+        qd, kd, inter = heads.num_heads * d, heads.num_kv_heads * d, self.shard.inter_rows
+        out = {}
+        for kind in ("weight", "bias"):  # column-parallel: rows of the fused outputs
+            out[f"self_attn.q_proj.{kind}"] = Piece(f"qkv_{kind}", 0, 0, *q_rows)
+            out[f"self_attn.k_proj.{kind}"] = Piece(f"qkv_{kind}", qd, 0, *kv_rows)
+            out[f"self_attn.v_proj.{kind}"] = Piece(f"qkv_{kind}", qd + kd, 0, *kv_rows)
+        out["mlp.gate_proj.weight"] = Piece("gate_up_weight", 0, 0, *self.shard.inter)
+        out["mlp.up_proj.weight"] = Piece("gate_up_weight", inter, 0, *self.shard.inter)
+        # Row-parallel: columns, the inputs that this rank's heads / rows produce.
+        out["self_attn.o_proj.weight"] = Piece("o_weight", None, 1, *q_rows)
+        out["mlp.down_proj.weight"] = Piece("down_weight", None, 1, *self.shard.inter)
+        out["self_attn.o_proj.bias"] = Piece("o_bias")  # whole: rank 0 adds it (o_bias_here)
+        out["input_layernorm.weight"] = Piece("input_layernorm.weight")
+        out["post_attention_layernorm.weight"] = Piece("post_attention_layernorm.weight")
+        return out
+
+    def _locate(self, name: str, pieces: dict[str, Piece]) -> tuple[torch.Tensor | None, Piece]:
+        vocab = Piece("", None, 0, *self.shard.vocab)
         if name == "model.embed_tokens.weight":
-            return self.embed_tokens, None, None
+            return self.embed_tokens, vocab
         if name == "model.norm.weight":
-            return self.norm.weight, None, None
+            return self.norm.weight, Piece("")
         if name == "lm_head.weight":
-            return self.lm_head, None, None
+            return self.lm_head, vocab
         if name.startswith("model.layers."):
             idx, sub = name[len("model.layers.") :].split(".", 1)
-            if sub in slices and int(idx) < len(self.layers):
-                attr, lo, hi = slices[sub]
-                obj = self.layers[int(idx)].get_parameter(attr) if "." in attr else getattr(self.layers[int(idx)], attr)
+            if sub in pieces and int(idx) < len(self.layers):
+                layer, piece = self.layers[int(idx)], pieces[sub]
+                obj = layer.get_parameter(piece.attr) if "." in piece.attr else getattr(layer, piece.attr)
                 if obj is not None:
-                    return obj, lo, hi
-        return None, None, None
+                    return obj, piece
+        return None, Piece("")
+
 
 def hf_weight_shapes(c: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """HF names and shapes a model of this config needs (for checks and random init)."""
@@ -297,8 +375,10 @@ def random_hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Ten
     return out
 
 
-def tiny_random_model(config: ModelConfig | None = None, dtype: torch.dtype = torch.float32, seed: int = 0) -> LlamaForCausalLM:
+def tiny_random_model(config: ModelConfig | None = None, dtype: torch.dtype = torch.float32, seed: int = 0,
+                      tp: TPInfo = TPInfo()) -> LlamaForCausalLM:
+    """A random-weight model (`random_hf_weights`), or rank `tp.rank`'s shard of the same one."""
     config = config or tiny_config()
-    model = LlamaForCausalLM(config, dtype)
+    model = LlamaForCausalLM(config, dtype, tp)
     model.load_weights(random_hf_weights(config, seed))
     return model.eval()

@@ -6,7 +6,8 @@ Three kinds of input, all ending as a Hugging Face folder read the same way:
   * a `.gguf` file: converted once into a cache folder (dequantized, tokenizer rebuilt),
   * a local HF folder: config.json + *.safetensors (+ tokenizer files), used in place.
 The conversion writes into a temporary sibling folder and renames it into place, so
-concurrent first starts never see a half-written cache.
+concurrent first starts never see a half-written cache. Weights are read through
+safetensors' lazy slices, so a tensor-parallel rank reads only the bytes of its shard.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 from transformers import PreTrainedTokenizerFast
 
 from sgl.runtime.config import cache_dir as cache_root
+from sgl.runtime.distributed.parallel import TPInfo
 from sgl.runtime.models.config import ModelConfig
 from sgl.runtime.models.gguf_convert import convert_gguf_to_hf
 from sgl.runtime.models.registry import model_class
@@ -112,14 +116,23 @@ def read_model_config(hf_dir: Path) -> ModelConfig:
     return ModelConfig.from_hf_config(cfg, extra_eos=extra)
 
 
+def _lazy_tensors(files: list[Path]) -> Iterator[tuple[str, Any]]:
+    """(name, lazy slice) over all files: nothing is read until the model indexes a slice,
+    and each file stays open while its slices are consumed."""
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                yield name, sf.get_slice(name)
+
+
 def load_hf_weights(model: torch.nn.Module, hf_dir: Path) -> None:
+    """Load every *.safetensors file of `hf_dir` into `model` (its shard only, under tensor
+    parallelism: the model slices what it is handed). One stream over all checkpoint
+    shards, so the model's gap check sees every name."""
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{hf_dir} holds no *.safetensors files (PyTorch .bin checkpoints are not supported)")
-    merged: dict[str, torch.Tensor] = {}
-    for f in files:  # safetensors maps the files; shards are merged so the gap check sees all
-        merged.update(load_file(str(f)))
-    model.load_weights(merged)
+    model.load_weights(_lazy_tensors(files))
 
 
 def resolve_model_dir(model_path: str | None, cache_dir: str | None = None) -> tuple[Path, str]:
@@ -145,13 +158,16 @@ def load_model(
     device: str | torch.device = "cpu",
     cache_dir: str | None = None,
     prepack: bool = True,
+    tp: TPInfo = TPInfo(),
 ) -> LoadedModel:
     """Load a Llama-family model, converting a GGUF (default: embedded SmolLM2) once;
-    `prepack` packs the CPU weights for small batches where verified (kernels/cpu/linear.py)."""
+    `prepack` packs the CPU weights for small batches where verified (kernels/cpu/linear.py).
+    With `tp`, only rank `tp.rank`'s shard is built and read; no collective runs here (the
+    engine converts a GGUF once, in the API process, before it starts the ranks)."""
     hf_dir, model_path = resolve_model_dir(model_path, cache_dir)
     config = read_model_config(hf_dir)
     torch_dtype = resolve_dtype(dtype, device)
-    model = model_class(config.architecture)(config, torch_dtype)
+    model = model_class(config.architecture)(config, torch_dtype, tp=tp)
     load_hf_weights(model, hf_dir)
     model = model.to(device).eval()
     if prepack:

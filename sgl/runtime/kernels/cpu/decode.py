@@ -10,6 +10,7 @@ splits the products over the caller and team.c's helper thread.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from sgl.runtime.kernels.cpu.binding import DecodeBatch, DecodeModel, Kernels, S
 # 24 ms per step vs 31 for torch); past it the arithmetic outgrows the streaming and
 # oneDNN's GEMMs win.
 MAX_ROWS = 8
+
+log = logging.getLogger("sgl.kernels")
 
 
 def default_threads() -> int:
@@ -66,9 +69,15 @@ class CpuDecoder:
     @classmethod
     def create(cls, model: Any, threads: int | None = None) -> "CpuDecoder | None":
         """A decoder for `model`, or None where the kernel does not apply (not bf16 on
-        the CPU, or no C compiler). Builds the library now, so the first request does
-        not wait for the compiler."""
+        the CPU, a tensor-parallel shard, or no C compiler). Builds the library now, so the
+        first request does not wait for the compiler."""
         if model.dtype != torch.bfloat16 or model.embed_tokens.device.type != "cpu":
+            return None
+        tp = getattr(model, "tp", None)
+        if tp is not None and tp.size > 1:
+            # The step is one C call over all layers: no point inside it to all_reduce at.
+            log.info("C decode kernel off: the model is split over %d tensor-parallel ranks; "
+                     "decode steps run the torch forward", tp.size)
             return None
         kernels = binding.kernels()
         return cls(model, kernels, threads or default_threads()) if kernels is not None else None
