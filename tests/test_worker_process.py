@@ -132,7 +132,7 @@ def test_two_nodes_serve_the_same_greedy_ids_as_one_process():
         assert [g["output_ids"] for g in got] == [r["output_ids"] for r in ref]
         info = httpx.get(node0.url + "/get_server_info", timeout=30).json()
         assert info["tp_size"] == 2 and info["nnodes"] == 2
-        assert node0.stop() == 0
+        assert node0.stop() in (0, -signal.SIGTERM)
         assert node1.wait(timeout=60) == 0, "node 1 should stop when node 0 says so"
     finally:
         for srv in (node0, single):

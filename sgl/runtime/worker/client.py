@@ -55,6 +55,7 @@ class WorkerClient:
         self.tokenizer = tokenizer
         self.crash_reason: str | None = None
         self._closing = False
+        self._stopping = False  # shutdown asked the workers to exit: exits are not deaths
         self._ipc_dir = tempfile.mkdtemp(prefix="sgl-ipc-")
         self._ctx = zmq.Context()
         self._push = self._ctx.socket(zmq.PUSH)
@@ -133,7 +134,7 @@ class WorkerClient:
             try:
                 if not self._pull.poll(POLL_MS):
                     dead = self._dead_process()
-                    if dead is not None and not self._closing:
+                    if dead is not None and not (self._closing or self._stopping):
                         self._died(dead)
                         return
                     continue
@@ -195,7 +196,9 @@ class WorkerClient:
             return
         if self.crash_reason is None:
             try:
-                self.call("shutdown").result(timeout=timeout)
+                fut = self.call("shutdown")
+                self._stopping = True
+                fut.result(timeout=timeout)
             except Exception:  # a wedged or dead worker must not block shutdown
                 log.warning("the worker did not stop cleanly; terminating it", exc_info=True)
         deadline = time.monotonic() + 10
