@@ -100,7 +100,7 @@ def main() -> None:
     results["shared_prefix"] = {"prefix_tokens": n_prefix, "rows": rows_a,
                                 "ratio_vs_no_radix": t_plain / t_radix, "ratio_vs_transformers": t_hf / t_radix}
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in eng.scheduler.runner.model.parameters())
+    weight_bytes = sum(eng.get_server_info()["weight_bytes_per_rank"])
     bw = measure_bandwidth_gbs()
     tok_s = decode_throughput(eng, 1, 64)
     bound = bw * 1e9 / weight_bytes

@@ -41,7 +41,6 @@ from bench_engine import FEWSHOT, shared_prefix_prompts  # noqa: E402
 from common import measure_bandwidth_gbs, measure_bf16_tflops, print_table, timed, write_json  # noqa: E402
 
 from sgl.runtime.engine import Engine  # noqa: E402
-from sgl.runtime.kernels.cpu.decode import CpuDecoder  # noqa: E402
 
 PEERS_DIR = HERE / ".peers"
 PEER_VENVS = {"llamacpp": ("llamacpp-venv", "llama_cpp"), "vllm": ("vllm-venv", "vllm")}
@@ -179,10 +178,9 @@ def main() -> None:
     load_before = os.getloadavg()
     bw, tflops = measure_bandwidth_gbs(), measure_bf16_tflops()
     eng = Engine(max_total_tokens=65536, num_threads=args.threads)
-    model = eng.scheduler.runner.model
     c = eng.model_config
-    params = sum(p.numel() for p in model.parameters())
-    bf16_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bf16_bytes = sum(eng.get_server_info()["weight_bytes_per_rank"])
+    params = bf16_bytes // 2
     embed = c.vocab_size * c.hidden_size
     job = build_job(eng, args)
     t = args.prefill_tokens
@@ -197,14 +195,12 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     if "sgl" in chosen:
         results["sgl"] = run_sgl(eng, job)
-    if "sgl-1t" in chosen:  # the same engine with the decode kernel on one thread
-        runner = eng.scheduler.runner
-        if runner.cpu_decoder is not None:
-            runner.cpu_decoder = CpuDecoder.create(model, 1)
-        results["sgl-1t"] = run_sgl(eng, job)
     hf_dir = eng.hf_dir
     eng.shutdown()
-    del eng, model
+    if "sgl-1t" in chosen:  # the decode kernel on one thread
+        with Engine(max_total_tokens=65536, num_threads=args.threads, cpu_decode_threads=1) as eng1:
+            results["sgl-1t"] = run_sgl(eng1, job)
+    del eng
     gc.collect()
     if "transformers" in chosen:
         hf_n = args.hf_requests or args.requests

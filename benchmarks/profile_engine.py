@@ -1,9 +1,11 @@
 """Where the CPU time goes in our engine: the numbers behind benchmarks/PROFILE.md.
 
-1. Step timing: wraps `scheduler.step` and `runner.forward` of a live Engine (instance
+1. Step timing: wraps `scheduler.step` and `runner.forward` of a live engine (instance
    attributes only, no code change) and runs a single-stream decode and a 1,024-token
    prefill through `generate`, so "step wall - forward wall" is the scheduler's Python
-   cost per step (batch building, sampling, detokenizing, radix bookkeeping).
+   cost per step (batch building, sampling, radix bookkeeping). The engine runs in this
+   process (inproc_engine.py) so the wrappers can reach its scheduler; detokenizing is
+   the API process's job and not counted.
 2. Op profile: replays a captured decode ForwardBatch and a 1,024-token prefill
    ForwardBatch through `runner.forward` under torch.profiler in this thread (the engine
    is idle, so rewriting the same KV slots is harmless), groups ops into matmul /
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import FEWSHOT, shared_prefix_prompts  # noqa: E402
 from common import print_table  # noqa: E402
 
-from sgl.runtime.engine import Engine  # noqa: E402
+from inproc_engine import InProcessEngine as Engine  # noqa: E402  (the loop in this process: see there)
 
 REPLAY = "sgl::replay_forward"
 GROUPS = [  # first match wins; names are op names as the profiler reports them

@@ -238,7 +238,7 @@ class Engine:
             "disable_radix_cache": self.config.disable_radix_cache,
             "tp_size": r.tp_size, "nnodes": r.nnodes,
             "kv_pool_tokens_per_rank": r.kv_pool_tokens_per_rank, "kv_pool_bytes_per_rank": r.kv_pool_bytes_per_rank,
-            "worker_pids": r.pids,
+            "weight_bytes_per_rank": r.weight_bytes_per_rank, "worker_pids": r.pids,
         })
         return info
 

@@ -73,6 +73,7 @@ class Ready(msgspec.Struct, tag="ready"):
     nnodes: int
     kv_pool_tokens_per_rank: list[int]
     kv_pool_bytes_per_rank: list[int]
+    weight_bytes_per_rank: list[int]
     pids: list[int]
 
 

@@ -66,8 +66,8 @@ def main(spec: WorkerSpec) -> int:
         serve.send_now(Ready(
             max_total_tokens=rm.max_total_tokens, dtype=str(next(rm.model.parameters()).dtype).replace("torch.", ""),
             device=rm.device, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
-            kv_pool_tokens_per_rank=[t for t, _, _ in sizes], kv_pool_bytes_per_rank=[b for _, b, _ in sizes],
-            pids=[p for _, _, p in sizes]))
+            kv_pool_tokens_per_rank=[s[0] for s in sizes], kv_pool_bytes_per_rank=[s[1] for s in sizes],
+            weight_bytes_per_rank=[s[2] for s in sizes], pids=[s[3] for s in sizes]))
     except Exception as e:
         log.exception("rank %d failed to start", spec.rank)
         if serve is not None:
@@ -77,11 +77,11 @@ def main(spec: WorkerSpec) -> int:
     return serve.run()
 
 
-def _gather_pool_sizes(rm: RankModel, tp: TPInfo) -> list[tuple[int, int, int]]:
-    """(KV slots, KV bytes, pid) of every rank, in rank order."""
+def _gather_pool_sizes(rm: RankModel, tp: TPInfo) -> list[tuple[int, int, int, int]]:
+    """(KV slots, KV bytes, weight bytes, pid) of every rank, in rank order."""
     p = rm.pool
     mine = (p.num_slots - 1, p.num_slots * KVPool.bytes_per_token(p.num_layers, p.num_kv_heads, p.head_dim, p.dtype),
-            os.getpid())
+            sum(w.numel() * w.element_size() for w in rm.model.parameters()), os.getpid())
     if tp.size == 1:
         return [mine]
     import torch.distributed as dist
