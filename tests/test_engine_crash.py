@@ -128,7 +128,7 @@ def test_failed_step_aborts_its_requests_frees_kv_and_serving_goes_on(engine):
         outs = engine.generate(["Eight", "Nine"], LONG)
     finally:
         engine.workers.call("clear_fault").result(timeout=30)
-    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs), [o["meta_info"] for o in outs]
     assert "internal error" in outs[0]["meta_info"]["finish_reason"]["message"]
     again = engine.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
     assert again["meta_info"]["finish_reason"]["type"] == "length"

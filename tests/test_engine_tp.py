@@ -112,3 +112,35 @@ def test_retraction_under_kv_pressure_at_tp2():
         assert small.get_server_info()["num_retractions_total"] > 0
         assert all(o["meta_info"]["completion_tokens"] == 50 for o in outs)
         small.check_invariants()
+
+
+def test_killed_follower_rank_fails_the_callers_naming_it():
+    import os
+    import signal
+    import threading
+    import time
+
+    from sgl.runtime.engine import SchedulerCrashedError
+
+    eng = Engine(tp_size=2, max_total_tokens=1024)
+    try:
+        rank1 = eng.get_server_info()["worker_pids"][1]
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                eng.generate(["One", "Two"], {"max_new_tokens": 300, "ignore_eos": True})
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                errors.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        while eng.get_server_info()["num_running_reqs"] == 0:
+            time.sleep(0.05)
+        os.kill(rank1, signal.SIGKILL)
+        t.join(timeout=30)
+        assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], SchedulerCrashedError)
+        assert "rank 1" in str(errors[0]) or "tensor-parallel" in str(errors[0]), str(errors[0])
+    finally:
+        eng.shutdown()
+    assert eng.workers.alive_pids() == []

@@ -34,20 +34,26 @@ def _wait_no_group(pgid: int, timeout: float = 15) -> list[int]:
     return group_pids(pgid)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_the_server_and_every_worker(sig):
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+                         ids=["sigterm", "sigterm-group", "ctrl-c"])
+def test_signal_stops_the_server_and_every_worker(sig, group):
+    """SIGTERM to the server (Kubernetes), to its whole group (systemd's default), or
+    Ctrl-C in a terminal (SIGINT to the group): a prompt, clean stop of every process."""
     srv = start_server("--max-total-tokens", "4096")
     try:
         info = httpx.get(srv.url + "/get_server_info", timeout=30).json()
         workers = info["worker_pids"]
         assert info["tp_size"] == 1 and len(workers) == 1 and info["kv_pool_tokens_per_rank"] == [4096]
         assert workers[0] in group_pids(srv.proc.pid) and workers[0] != srv.proc.pid
-        if sig == signal.SIGINT:  # Ctrl-C in a terminal: the whole foreground group gets it
+        t0 = time.monotonic()
+        if group:
             os.killpg(srv.proc.pid, sig)
         else:
             srv.proc.send_signal(sig)
         # uvicorn re-raises the signal after its graceful shutdown: dying of it is a clean stop
         assert _wait_exit(srv, 60) in (0, -sig), srv.log()[-3000:]
+        assert time.monotonic() - t0 < 20, "the stop waited on something"
+        assert "did not stop cleanly" not in srv.log()
         assert _wait_no_group(srv.proc.pid) == [], "a worker outlived the server"
     finally:
         srv.stop()

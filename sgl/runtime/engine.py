@@ -27,7 +27,7 @@ from typing import Any
 
 from sgl.runtime.config import EngineConfig
 from sgl.runtime.engine_io import ReqSpec, normalize, to_result
-from sgl.runtime.ipc.messages import Generate
+from sgl.runtime.ipc.messages import Request
 from sgl.runtime.scheduler.req import ReqOutput
 
 log = logging.getLogger("sgl.engine")
@@ -136,11 +136,12 @@ class Engine:
                     "or shorten the request")
         return specs, is_batch
 
-    def _submit(self, spec: ReqSpec, on_output: Any, stream: bool) -> None:
-        self.workers.submit(Generate(
-            rid=spec.rid, input_ids=spec.input_ids, params=spec.params, return_logprob=spec.return_logprob,
-            logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num, stream=stream),
-            on_output)
+    def _submit(self, specs: list[ReqSpec], on_output: list[Any], stream: bool) -> None:
+        """Send one call's requests together (they are admitted in the same step)."""
+        self.workers.submit([Request(
+            rid=s.rid, input_ids=s.input_ids, params=s.params, return_logprob=s.return_logprob,
+            logprob_start_len=s.logprob_start_len, top_logprobs_num=s.top_logprobs_num, stream=stream)
+            for s in specs], on_output)
 
     def generate(
         self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
@@ -155,8 +156,7 @@ class Engine:
                 raise ValueError("stream=True takes a single prompt with n=1")
             return self._stream_sync(specs[0])
         q: queue.Queue[ReqOutput] = queue.Queue()
-        for s in specs:
-            self._submit(s, q.put, stream=False)
+        self._submit(specs, [q.put] * len(specs), stream=False)
         done: dict[str, ReqOutput] = {}
         while len(done) < len(specs):
             out = self._get(q)
@@ -166,7 +166,7 @@ class Engine:
 
     def _stream_sync(self, spec: ReqSpec) -> Iterator[dict]:
         q: queue.Queue[ReqOutput] = queue.Queue()
-        self._submit(spec, q.put, stream=True)
+        self._submit([spec], [q.put], stream=True)
         finished = False
         try:
             while not finished:
@@ -190,11 +190,9 @@ class Engine:
                 raise ValueError("stream=True takes a single prompt with n=1")
             return self._stream_async(specs[0])
         loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future] = []
-        for s in specs:
-            fut = loop.create_future()
-            futs.append(fut)
-            self._submit(s, lambda out, fut=fut: loop.call_soon_threadsafe(_set_once, fut, out), stream=False)
+        futs: list[asyncio.Future] = [loop.create_future() for _ in specs]
+        self._submit(specs, [lambda out, fut=fut: loop.call_soon_threadsafe(_set_once, fut, out) for fut in futs],
+                     stream=False)
         try:
             outs = await self._await(asyncio.gather(*futs))
         except asyncio.CancelledError:  # the caller went away: free what its requests hold
@@ -209,7 +207,7 @@ class Engine:
     async def _stream_async(self, spec: ReqSpec) -> AsyncIterator[dict]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[ReqOutput] = asyncio.Queue()
-        self._submit(spec, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), stream=True)
+        self._submit([spec], [lambda out: loop.call_soon_threadsafe(q.put_nowait, out)], stream=True)
         finished = False
         try:
             while not finished:

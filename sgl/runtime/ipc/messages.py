@@ -1,7 +1,7 @@
 """The wire format between the API process and the worker processes: msgspec structs,
 msgpack-encoded, one union per direction. One home for every field that crosses.
 
-API -> rank 0 worker (`ToWorker`): a request to generate, an abort, or a named control
+API -> rank 0 worker (`ToWorker`): requests to generate, an abort, or a named control
 call (flush, stats, invariants, shutdown) answered by a `Reply` with the same `call_id`.
 Rank 0 -> API (`FromWorker`): `Ready` once the model is loaded, `Outputs` once per
 scheduler iteration (every request that produced something in it), `Reply`, and
@@ -22,7 +22,7 @@ import msgspec
 from sgl.runtime.sampling_params import SamplingParams
 
 
-class Generate(msgspec.Struct, tag="gen"):
+class Request(msgspec.Struct):
     rid: str
     input_ids: list[int]
     params: SamplingParams
@@ -30,6 +30,13 @@ class Generate(msgspec.Struct, tag="gen"):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
+
+
+class Generate(msgspec.Struct, tag="gen"):
+    """The requests of one generate call (a batch, n > 1): they reach the scheduler
+    together, as one inbox message, so they are admitted together and share a prefix."""
+
+    reqs: list[Request]
 
 
 class Abort(msgspec.Struct, tag="abort"):

@@ -104,6 +104,10 @@ class Scheduler:
     def submit(self, req: Req) -> None:
         self.inbox.put(("req", req))
 
+    def submit_many(self, reqs: list[Req]) -> None:
+        """Requests that arrive together (one generate call) are admitted in the same step."""
+        self.inbox.put(("reqs", reqs))
+
     def abort(self, rid: str) -> None:
         self.inbox.put(("abort", rid))
 
@@ -155,6 +159,8 @@ class Scheduler:
                 break
             if msg[0] == "req":
                 live.append(msg[1])
+            elif msg[0] == "reqs":
+                live.extend(msg[1])
             elif msg[0] == "call":
                 msg[2].set_exception(RuntimeError(message))
         for r in live:
@@ -227,6 +233,9 @@ class Scheduler:
             kind = msg[0]
             if kind == "req":
                 self._admit_new(msg[1])
+            elif kind == "reqs":
+                for req in msg[1]:
+                    self._admit_new(req)
             elif kind == "abort":
                 self._abort(msg[1])
             elif kind == "call":

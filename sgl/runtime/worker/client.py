@@ -24,8 +24,8 @@ from typing import Any, Callable
 import zmq
 
 from sgl.runtime.config import EngineConfig
-from sgl.runtime.ipc.messages import (Abort, Call, Crashed, Generate, Outputs, Ready, Reply, decode_from_worker,
-                                      encode)
+from sgl.runtime.ipc.messages import (Abort, Call, Crashed, Generate, Outputs, Ready, Reply, Request,
+                                      decode_from_worker, encode)
 from sgl.runtime.scheduler.detokenize import REPLACEMENT, DecodeState
 from sgl.runtime.scheduler.req import ReqOutput
 from sgl.runtime.worker.launch import describe_exit, local_ranks, start_rank, stop_all
@@ -106,12 +106,15 @@ class WorkerClient:
         with self._send_lock:
             self._push.send(encode(msg))
 
-    def submit(self, msg: Generate, on_output: Callable[[ReqOutput], None]) -> None:
-        self._tracks[msg.rid] = _Track(on_output, msg.params.skip_special_tokens, len(msg.input_ids))
-        if self.crash_reason is not None:  # raced with a death: end it like the others
-            self._fail(self._tracks.pop(msg.rid), msg.rid)
+    def submit(self, reqs: list[Request], on_output: list[Callable[[ReqOutput], None]]) -> None:
+        """Send the requests of one generate call together; outputs go to their callbacks."""
+        for r, cb in zip(reqs, on_output):
+            self._tracks[r.rid] = _Track(cb, r.params.skip_special_tokens, len(r.input_ids))
+        if self.crash_reason is not None:  # raced with a death: end them like the others
+            for r in reqs:
+                self._fail(self._tracks.pop(r.rid), r.rid)
             return
-        self._send(msg)
+        self._send(Generate(reqs))
 
     def abort(self, rid: str) -> None:
         if self.crash_reason is None and not self._closing:
@@ -134,7 +137,12 @@ class WorkerClient:
             try:
                 if not self._pull.poll(POLL_MS):
                     dead = self._dead_process()
-                    if dead is not None and not (self._closing or self._stopping):
+                    if dead is not None and self._stopping:  # killed while shutting down: stop waiting
+                        for fut in list(self._calls.values()):
+                            fut.set_exception(WorkerDiedError(dead))
+                        self._calls.clear()
+                        return
+                    if dead is not None and not self._closing:
                         self._died(dead)
                         return
                     continue
@@ -182,7 +190,7 @@ class WorkerClient:
         for fut in list(self._calls.values()):
             fut.set_exception(WorkerDiedError(reason))
         self._calls.clear()
-        stop_all(self.procs, grace_s=2.0)  # ranks left without their peers would only wait
+        stop_all(self.procs)  # ranks left without their peers would only wait
 
     def _fail(self, t: _Track, rid: str) -> None:
         meta = {"id": rid, "finish_reason": {"type": "abort", "message": f"the engine's worker died: {self.crash_reason}"},
@@ -212,7 +220,7 @@ class WorkerClient:
     def close(self) -> None:
         """Stop everything now (no waiting for in-flight work)."""
         self._closing = True
-        stop_all(self.procs, grace_s=5.0)
+        stop_all(self.procs)
         reader = getattr(self, "_reader", None)
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout=2)  # it polls the socket we are about to close

@@ -54,18 +54,13 @@ def start_rank(cfg: EngineConfig, hf_dir: str, rank: int, parent_pid: int, in_ad
     return subprocess.Popen([sys.executable, "-m", "sgl.runtime.worker.process", encode_spec(spec)])
 
 
-def stop_all(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """Terminate what is still running; kill what ignores it within grace_s."""
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Kill what is still running (workers ignore SIGTERM: see process.py) and reap it."""
     for p in procs:
         if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
             p.kill()
-            p.wait()
+    for p in procs:
+        p.wait()
 
 
 def describe_exit(rank: int, p: subprocess.Popen) -> str:

@@ -3,7 +3,7 @@
 
 Started by the API process for the ranks on its machine, or by `launch_server` on the
 other nodes. It ignores SIGINT (Ctrl-C in a terminal reaches the whole process group;
-the API process decides how to stop), joins the process group when tp > 1, builds its
+the API process decides how to stop; SIGTERM likewise), joins the process group when tp > 1, builds its
 shard, and then serves (rank 0) or follows. A failure before serving is reported to the
 API process as `Crashed` (rank 0) and always as a non-zero exit.
 """
@@ -99,7 +99,12 @@ def init_method(cfg: EngineConfig) -> str:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole terminal process group and systemd's default stop sends
+    # SIGTERM to every process of the service: the API process decides when its workers
+    # stop (after in-flight requests had their grace period); a worker whose API process
+    # is gone stops by itself (serve.py), and stop_all() kills with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     faulthandler.enable(all_threads=True)
     the_spec = decode_spec(sys.argv[1])
     logging.basicConfig(level=the_spec.log_level, stream=sys.stderr,

@@ -157,10 +157,10 @@ class Serve:
                 log.exception("dropping an undecodable message")
                 continue
             if isinstance(msg, Generate):
-                self.scheduler.submit(Req(
-                    rid=msg.rid, input_ids=msg.input_ids, params=msg.params, return_logprob=msg.return_logprob,
-                    logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
-                    stream=msg.stream, on_output=self.outbox.output))
+                self.scheduler.submit_many([Req(
+                    rid=r.rid, input_ids=r.input_ids, params=r.params, return_logprob=r.return_logprob,
+                    logprob_start_len=r.logprob_start_len, top_logprobs_num=r.top_logprobs_num,
+                    stream=r.stream, on_output=self.outbox.output) for r in msg.reqs])
             elif isinstance(msg, Abort):
                 self.scheduler.abort(msg.rid)
             elif isinstance(msg, Call):
