@@ -112,7 +112,9 @@ class WorkerClient:
             self._tracks[r.rid] = _Track(cb, r.params.skip_special_tokens, len(r.input_ids))
         if self.crash_reason is not None:  # raced with a death: end them like the others
             for r in reqs:
-                self._fail(self._tracks.pop(r.rid), r.rid)
+                track = self._tracks.pop(r.rid, None)  # the reader thread may have ended it already
+                if track is not None:
+                    self._fail(track, r.rid)
             return
         self._send(Generate(reqs))
 
