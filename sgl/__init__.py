@@ -1,7 +1,7 @@
 """sgl: structured-generation programs on a RadixAttention engine.
 
 `import sgl` mirrors `import sglang as sgl`: the DSL functions and backends are
-re-exported here, and `sgl.Engine` (the in-process engine, which needs torch) is
+re-exported here, and `sgl.Engine` (the offline engine, which needs torch) is
 imported only when first used, so DSL clients stay light.
 """
 

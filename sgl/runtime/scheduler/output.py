@@ -146,9 +146,9 @@ class OutputProcessor:
         req.input_top_logprobs.extend(res.prompt_top_logprobs)
 
     def make_output(self, req: Req) -> ReqOutput:
-        finished = req.finished
-        stop_trimmed = finished and req.finish_reason.get("type") == "stop" and isinstance(
-            req.finish_reason.get("matched"), str)
+        reason = req.finish_reason
+        finished = reason is not None
+        stop_trimmed = reason is not None and reason.get("type") == "stop" and isinstance(reason.get("matched"), str)
         text: str | None
         if stop_trimmed:
             text = req.text

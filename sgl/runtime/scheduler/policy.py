@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from sgl.radix import RadixTree
+from sgl.radix.tree import TreeNode
 from sgl.runtime.scheduler.req import Req
 
 LPM_MAX_QUEUE = 128
@@ -38,7 +39,7 @@ def _dfs_weight(waiting: list[Req], tree: RadixTree) -> list[Req]:
     weight: dict[int, int] = defaultdict(int)
     nodes: dict[int, Any] = {}
     for r in waiting:
-        node = tree.match_prefix(r.fill_ids).last_node
+        node: TreeNode | None = tree.match_prefix(r.fill_ids).last_node
         at_node[id(node)].append(r)
         while node is not None:  # every ancestor's subtree gains one waiting request
             nodes[id(node)] = node

@@ -282,7 +282,8 @@ class Scheduler:
             try:
                 req.grammar = fut.result()
             except Exception as e:
-                self._finish(req, {"type": "abort", "message": f"invalid {req.params.constraint[0]}: {e}"})
+                kind = (req.params.constraint or ("constraint",))[0]
+                self._finish(req, {"type": "abort", "message": f"invalid {kind}: {e}"})
                 continue
             req.grammar_future = None
             if self.cfg.enable_jump_forward:

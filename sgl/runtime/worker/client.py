@@ -65,7 +65,7 @@ class WorkerClient:
         self._pull.bind(f"ipc://{self._ipc_dir}/out")
         self._send_lock = threading.Lock()
         self._tracks: dict[str, _Track] = {}
-        self._calls: dict[int, Future] = {}
+        self._calls: dict[int, Future[Any]] = {}
         self._call_ids = itertools.count()
         ranks = list(local_ranks(cfg))
         self.ranks = ranks
@@ -155,12 +155,12 @@ class WorkerClient:
                 for item in msg.items:
                     self._deliver(item)
             elif isinstance(msg, Reply):
-                fut = self._calls.pop(msg.call_id, None)
-                if fut is not None:
+                pending = self._calls.pop(msg.call_id, None)
+                if pending is not None:
                     if msg.error is None:
-                        fut.set_result(msg.value)
+                        pending.set_result(msg.value)
                     else:
-                        fut.set_exception(RuntimeError(msg.error))
+                        pending.set_exception(RuntimeError(msg.error))
             elif isinstance(msg, Crashed):
                 self._died(f"the scheduler crashed ({msg.reason})")
                 return
