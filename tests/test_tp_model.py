@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
-from sgl.runtime.distributed import parallel
+from sgl.runtime.distributed.group import init_tp_group
 from sgl.runtime.distributed.parallel import TPInfo, head_shard, shard_range, split_range
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.memory.kv_pool import KVPool
@@ -118,7 +118,7 @@ def _rank_main(rank: int, size: int, port: int, job: str, out_dir: str) -> None:
 
     torch.set_num_threads(1)  # two ranks on two shared cores
     try:
-        tp = parallel.init_tp(rank, size, f"tcp://127.0.0.1:{port}")
+        tp, _ = init_tp_group(rank, size, f"tcp://127.0.0.1:{port}", 120, "cpu")
         torch.save(JOBS[job](tp), Path(out_dir) / f"rank{rank}.pt")
     except BaseException:
         (Path(out_dir) / f"rank{rank}.err").write_text(traceback.format_exc())

@@ -40,16 +40,6 @@ class TPInfo:
             raise ValueError(f"tensor-parallel rank {self.rank} is outside 0..{self.size - 1} (size {self.size})")
 
 
-def init_tp(rank: int, size: int, init_method: str, device: str | torch.device = "cpu") -> TPInfo:
-    """Join the default process group as `rank` of `size` (gloo on the CPU, NCCL on CUDA),
-    e.g. init_method "tcp://127.0.0.1:29500". Size 1 joins nothing."""
-    if size == 1:
-        return TPInfo()
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
-    return TPInfo(rank, size)
-
-
 # ---- partition rules ----------------------------------------------------------------------------
 
 def split_range(n: int, parts: int, index: int) -> tuple[int, int]:

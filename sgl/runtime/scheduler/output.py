@@ -58,9 +58,12 @@ class OutputProcessor:
             req.finish_reason = {"type": "stop", "matched": token}
         elif req.grammar is not None and req.grammar.is_terminated():
             req.finish_reason = {"type": "stop", "matched": token}
-        if req.finish_reason is None and (p.stop or p.stop_regex or req.stream):
+        # Stop strings need the text here; a stream's text only where outputs carry text
+        # (in a worker the API process decodes it: doing it here too would be done twice).
+        stream_text = req.stream and self.detokenize_outputs
+        if req.finish_reason is None and (p.stop or p.stop_regex or stream_text):
             self.detokenize(req)
-            if req.stream:  # a stream output carries the whole text; stop checks need only its end
+            if stream_text:  # a stream output carries the whole text; stop checks need only its end
                 req.text = req.detok.text()
             if past_min:
                 self._check_stop_strings(req)

@@ -67,9 +67,8 @@ def build_rank(cfg: EngineConfig, hf_dir: str, tp: TPInfo) -> RankModel:
     from sgl.runtime.models.loader import load_model
 
     device = resolve_device(cfg)
-    kwargs: dict[str, Any] = {"tp": tp} if tp.size > 1 else {}
     loaded = load_model(hf_dir, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir,
-                        prepack=not cfg.disable_packed_linears, **kwargs)
+                        prepack=not cfg.disable_packed_linears, tp=tp)
     mc = loaded.config
     model = loaded.model
     dtype = next(model.parameters()).dtype

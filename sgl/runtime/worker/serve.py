@@ -58,7 +58,6 @@ CALLS: dict[str, Callable[..., Any]] = {
     "flush_cache": lambda s: bool(s.kv.flush()),
     "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s)},
     "check_invariants": lambda s: s.check_invariants(),
-    "abort_all": lambda s, message: s.abort_all(message),
     "inject_fault": inject_fault,
     "clear_fault": lambda s: setattr(s, "fault_hook", None),
 }
