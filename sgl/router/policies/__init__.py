@@ -1,0 +1,1 @@
+"""Routing policies behind one protocol (`base.Policy`); `make_policy(name, ...)` picks one."""
