@@ -80,7 +80,9 @@ async def get_tokenizer(request: Request) -> Response:
     `chat_template` as transformers does — a jinja2 sandboxed environment with
     trim_blocks and lstrip_blocks, a `raise_exception(message)` global, variables
     `messages`, `add_generation_prompt`, `bos_token`, `eos_token` (and `tools` when
-    given) — equals the prompt the engine builds for /v1/chat/completions.
+    given) — equals the prompt the engine builds for /v1/chat/completions. (A template
+    that calls transformers' extras, `strftime_now()` or `tojson(indent=...)`, needs
+    them too; SmolLM2's does not.)
     """
     st = request.app.state
     body = getattr(st, "tokenizer_answer", None)
