@@ -219,3 +219,27 @@ def _at_host(endpoint: str, host: str) -> str:
     if addr in ("*", "0.0.0.0", "[::]", "::", ""):
         return f"{scheme}://{host}:{port}" if colon else endpoint
     return endpoint
+
+
+class LocalEventFeed:
+    """An event stream the caller pushes into in-process (a co-located worker, a simulator):
+    the same face as `KvEventSubscriber` to the policy, without sockets or sequence gaps."""
+
+    def __init__(self, url: str, on_batch: Callable[[str, KVEventBatch], None]) -> None:
+        self.url = url
+        self._on_batch = on_batch
+        self.last_message_at: float | None = time.monotonic()
+        self.batches = self.events = self.gaps = self.replayed = self.resets = 0
+
+    def push(self, batch: KVEventBatch) -> None:
+        self.last_message_at = time.monotonic()
+        self.batches += 1
+        self.events += len(batch.events)
+        self._on_batch(self.url, batch)
+
+    def silent_for(self, now: float | None = None) -> float:
+        assert self.last_message_at is not None
+        return (time.monotonic() if now is None else now) - self.last_message_at
+
+    async def stop(self) -> None:
+        pass

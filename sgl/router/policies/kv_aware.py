@@ -46,7 +46,7 @@ import zmq.asyncio
 from sgl.kv_events.hashing import page_hashes
 from sgl.kv_events.wire import AllBlocksCleared, KVEventBatch
 from sgl.router.kv_index import KvIndex
-from sgl.router.kv_subscriber import EventSource, KvEventSubscriber, event_source
+from sgl.router.kv_subscriber import EventSource, KvEventSubscriber, LocalEventFeed, event_source
 from sgl.router.load_monitor import LoadMonitor
 from sgl.router.policies.base import RouteRequest, WorkerState
 from sgl.router.policies.options import PolicyOptions
@@ -63,7 +63,7 @@ class _Worker:
     state: WorkerState
     source: EventSource | None = None
     no_events: bool = False  # the worker said it publishes none
-    subscriber: KvEventSubscriber | None = None
+    subscriber: KvEventSubscriber | LocalEventFeed | None = None
     distrust_until: float = 0.0  # monotonic; approximate scoring until then
     tree_cap: int | None = None  # the worker's KV pool size, in tokens
     task: asyncio.Task[None] | None = None
@@ -155,6 +155,8 @@ class KvAwarePolicy(PolicyBase):
         w.task = asyncio.get_running_loop().create_task(self._connect(w))
 
     async def _connect(self, w: _Worker) -> None:
+        if w.subscriber is not None:
+            return  # fed in-process (attach_local_feed)
         url = w.state.url
         info = w.state.extra.get("server_info")
         while info is None:
@@ -181,6 +183,15 @@ class KvAwarePolicy(PolicyBase):
         )
         await sub.start()
         w.subscriber = sub
+
+    def attach_local_feed(self, url: str, page_size: int, max_total_tokens: int | None = None) -> LocalEventFeed:
+        """Feed `url`'s events in-process instead of over ZMQ (co-located workers, simulators)."""
+        w = self._workers[url]
+        w.source = EventSource(endpoint="inproc", replay_endpoint=None, topic="", page_size=page_size)
+        w.tree_cap = max_total_tokens
+        feed = LocalEventFeed(url, self._on_batch)
+        w.subscriber = feed
+        return feed
 
     def _on_batch(self, url: str, batch: KVEventBatch) -> None:
         w = self._workers.get(url)
