@@ -9,7 +9,9 @@ reaches `LoadMonitor.record` every `--poll` simulated seconds. Step time is
 
     step_s = step_overhead_s + prefill_s_per_token * prefill_tokens + decode_s_per_seq * running
 
-with defaults measured on this repo's CPU engine (see the router note); pass your own.
+whose defaults are *estimates* for the 135M embedded model on a CPU (not measured: a
+calibration run on the shared 2-core host did not finish); pass measured values. What
+the sweep is for is the ranking of w, which held at every arrival rate tried.
 Prints a table and writes JSON: cache hit rate (sum cached / sum prompt tokens), TTFT
 p50/p99 and throughput (requests / makespan) per policy and w.
 
