@@ -62,17 +62,59 @@ class FakeRunner:
 class FakeExecutor:
     """The executor seam without logits: checks the plan's batch like FakeRunner, then
     answers each sampled row with next_token(last new token, its position). Prompt
-    logprobs are 0.0 where the prompt token is the one the fake model predicts, else -1.0."""
+    logprobs are 0.0 where the prompt token is the one the fake model predicts, else -1.0.
 
-    def __init__(self, req_to_token: torch.Tensor) -> None:
+    With `track_kv`, it also keeps fake KV: slot -> the tuple of tokens up to and including
+    that slot's token, written by the forward, copied device <-> host by the plan's
+    hierarchical cache copies like real KV. Every row's context must then be a consistent
+    chain, and `attended[uid]` records the token sequence each sampled row attended to, so
+    a test can prove that loaded KV is exactly the KV a recompute would have made."""
+
+    def __init__(self, req_to_token: torch.Tensor, track_kv: bool = False) -> None:
         self.req_to_token = req_to_token
         self.batches: list[ForwardBatch] = []
         self.plans: list[StepPlan] = []
         self.tokens_computed = 0
+        self.track_kv = track_kv
+        self.kv: dict[int, tuple[int, ...]] = {}
+        self.host: dict[int, list[tuple[int, ...]]] = {}
+        self.attended: dict[int, tuple[int, ...]] = {}
+        self.num_stores = self.num_loads = 0  # pages copied device -> host, host -> device
+
+    def _copies(self, plan: StepPlan) -> None:
+        self.num_stores += len(plan.kv_stores)
+        self.num_loads += len(plan.kv_loads)
+        for page, slots in plan.kv_stores:
+            self.host[page] = [self.kv[s] for s in slots]
+        assert not plan.kv_fills, "the fake executor has no storage bytes"
+        for page, first, slots in plan.kv_loads:
+            for i, s in enumerate(slots):
+                self.kv[s] = self.host[page][first + i]
+
+    def _write_kv(self, plan: StepPlan) -> None:
+        for r in plan.rows:
+            ctx: tuple[int, ...] = ()
+            if r.prefix_len:
+                table = self.req_to_token[r.req_pool_idx, : r.prefix_len].tolist()
+                ctx = self.kv[table[-1]]
+                assert len(ctx) == r.prefix_len, "the context's last slot holds KV of another position"
+                for j, s in enumerate(table):
+                    assert self.kv[s] == ctx[: j + 1], f"slot {s} at position {j} holds KV of another sequence"
+            for tok, s in zip(r.input_ids, r.out_cache_loc):
+                ctx = ctx + (tok,)
+                self.kv[s] = ctx
+            if r.sample is not None:
+                self.attended[r.uid] = ctx
 
     def execute(self, plan: StepPlan) -> StepResult:
+        if self.track_kv:
+            self._copies(plan)
+        if not plan.rows:
+            return StepResult([])
         batch = build_forward_batch(plan, self.req_to_token)[0]
         check_batch(batch)
+        if self.track_kv:
+            self._write_kv(plan)
         self.plans.append(plan)
         self.batches.append(batch)
         self.tokens_computed += batch.num_tokens

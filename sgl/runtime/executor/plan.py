@@ -72,6 +72,13 @@ class StepPlan:
     # (row, start, slots) writes to the request -> token table since the last plan, for
     # executors that keep their own copy of the table (tensor-parallel ranks other than 0).
     table_writes: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    # Hierarchical KV cache copies, run before the forward (memory/host_pool.py says in
+    # which order and why): (host page, device slots) device -> host, (host page, first
+    # token in the page, device slots) host -> device, and (host page, bytes) from the
+    # storage tier into host memory (rank 0 only; storage is off with tensor parallelism).
+    kv_stores: list[tuple[int, list[int]]] = field(default_factory=list)
+    kv_loads: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    kv_fills: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 class FatalExecutorError(RuntimeError):

@@ -11,7 +11,8 @@ prompt-logprob positions first, then the sampled position (see executor/plan.py)
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from typing import Any, Protocol
 
 import torch
 
@@ -19,6 +20,7 @@ from sgl.runtime.constrained.masks import allocate_masks
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.executor.plan import FatalExecutorError, RowResult, SampleSpec, StepPlan, StepResult
 from sgl.runtime.ipc.messages import Forward
+from sgl.runtime.memory.host_pool import HostKVPool
 from sgl.runtime.executor.sampler import prompt_logprobs, sample
 
 
@@ -35,7 +37,7 @@ class Executor(Protocol):
 def forward_inputs(plan: StepPlan) -> tuple[Forward, list[int], list[int]]:
     """(the step as plain lists, first prompt-logprob logits row per plan row, sampled
     logits row or -1)."""
-    fwd = Forward(table_writes=plan.table_writes)
+    fwd = Forward(table_writes=plan.table_writes, kv_stores=plan.kv_stores, kv_loads=plan.kv_loads)
     lp_rows: list[int] = []
     sample_rows: list[int] = []
     logits_idx = fwd.logits_indices
@@ -78,8 +80,11 @@ class StepExecutor:
     """The in-process executor over a model runner (`runner.forward(batch) -> logits`)."""
 
     def __init__(self, runner: ModelRunner, req_to_token: torch.Tensor, device: str | torch.device = "cpu",
-                 peers: Peers | None = None) -> None:
+                 peers: Peers | None = None, host_pool: HostKVPool | None = None, kv_pool: Any = None) -> None:
         self.runner = runner
+        self.host_pool = host_pool  # the hierarchical cache's host tier, with the device pool it pairs with
+        self.kv_pool = kv_pool
+        self.copy_stats = {"hicache_load_seconds": 0.0, "hicache_store_seconds": 0.0}
         self.peers = peers
         self.req_to_token = req_to_token
         self.device = device
@@ -90,12 +95,19 @@ class StepExecutor:
         for uid in plan.released_uids:
             self._generators.pop(uid, None)
         fwd, lp_rows, sample_rows = forward_inputs(plan)
+        if not plan.rows:  # copies only (the scheduler had no batch)
+            if self.peers is not None:
+                self.peers.send(fwd)
+            self._copies(plan)
+            return StepResult([])
         batch = to_batch(fwd, self.req_to_token, self.device)
         if self.peers is None:
+            self._copies(plan)
             logits = self.runner.forward(batch)
         else:
             self.peers.send(fwd)
             try:
+                self._copies(plan)
                 logits = self.runner.forward(batch)
             except Exception as e:  # the ranks are out of step in their collectives for good
                 raise FatalExecutorError(f"tensor-parallel forward failed: {type(e).__name__}: {e}") from e
@@ -118,6 +130,25 @@ class StepExecutor:
                 res.prompt_logprobs, res.prompt_top_logprobs = out[i].prompt_logprobs, out[i].prompt_top_logprobs
                 out[i] = res
         return StepResult(out)
+
+    def _copies(self, plan: StepPlan) -> None:
+        if not (plan.kv_stores or plan.kv_loads or plan.kv_fills):
+            return
+        t0 = time.perf_counter()
+        host = self.host_pool
+        if host is None:
+            raise RuntimeError("a step carries KV tier copies but this executor has no host tier")
+        host.store(self.kv_pool, plan.kv_stores)
+        for page, blob in plan.kv_fills:
+            host.fill(page, blob)
+        if plan.kv_stores and str(self.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        host.load(self.kv_pool, plan.kv_loads)
+        if plan.kv_loads and str(self.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        self.copy_stats["hicache_store_seconds"] += t1 - t0
+        self.copy_stats["hicache_load_seconds"] += time.perf_counter() - t1
 
     def _generator(self, uid: int, spec: SampleSpec) -> torch.Generator | None:
         if spec.params.is_greedy or spec.seed is None:

@@ -110,8 +110,9 @@ def decode_from_worker(data: bytes) -> FromWorker:
 
 class Forward(msgspec.Struct, tag="fwd"):
     """Rank 0 -> every other tensor-parallel rank, once per step: what to run (the
-    ForwardBatch as plain lists) and the request -> token table writes since the last
-    step, which only rank 0's scheduler makes. `stop` ends the rank's loop; a Forward
+    ForwardBatch as plain lists), the request -> token table writes since the last
+    step, which only rank 0's scheduler makes, and the KV copies between the device pool
+    and the host tier, which each rank runs on its own heads before the forward. `stop` ends the rank's loop; a Forward
     with no tokens is a keepalive (collectives time out after dist_timeout)."""
 
     input_ids: list[int] = []
@@ -121,6 +122,8 @@ class Forward(msgspec.Struct, tag="fwd"):
     extend_lens: list[int] = []
     logits_indices: list[int] = []
     table_writes: list[tuple[int, int, list[int]]] = []
+    kv_stores: list[tuple[int, list[int]]] = []  # hierarchical cache copies (StepPlan's)
+    kv_loads: list[tuple[int, int, list[int]]] = []
     stop: bool = False
 
 

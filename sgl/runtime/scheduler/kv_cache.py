@@ -1,20 +1,28 @@
 """KV bookkeeping for requests: the radix tree, the slot allocator and the req->token
 table used together. Every slot is owned by exactly one of: the free list, the tree, or
-one live request (its `slots[num_tree_tokens:]`); `check_invariants` proves it.
+one live request (its `slots[num_tree_tokens:]`); `check_invariants` proves it. With the
+hierarchical cache (`hicache`, scheduler/hicache.py) the tree's full pages are also
+registered there, evicted slots demote their pages to the host tier, and every host page
+is free or held once (checked too).
 """
 
 from __future__ import annotations
 
 from sgl.radix import RadixTree
 from sgl.runtime.memory.allocator import ReqToTokenPool, SlotAllocator
+from sgl.runtime.scheduler.hicache import HiCache, TierHit
 from sgl.runtime.scheduler.req import Req
 
 
 class KVCache:
-    def __init__(self, tree: RadixTree, allocator: SlotAllocator, req_to_token: ReqToTokenPool) -> None:
+    def __init__(self, tree: RadixTree, allocator: SlotAllocator, req_to_token: ReqToTokenPool,
+                 hicache: HiCache | None = None) -> None:
+        if hicache is not None and tree.disable:
+            raise ValueError("the hierarchical cache needs the radix cache (drop --disable-radix-cache)")
         self.tree = tree
         self.allocator = allocator
         self.req_to_token = req_to_token
+        self.hicache = hicache
 
     # -- capacity -------------------------------------------------------------------
     def available(self) -> int:
@@ -24,8 +32,13 @@ class KVCache:
     def alloc(self, n: int) -> list[int] | None:
         """n slots, evicting unlocked tree leaves if needed; None if impossible."""
         if self.allocator.num_free < n:
-            self.tree.evict(n - self.allocator.num_free, self.allocator.free)
+            self.tree.evict(n - self.allocator.num_free, self._free_evicted)
         return self.allocator.alloc(n)
+
+    def _free_evicted(self, slots: list[int]) -> None:
+        if self.hicache is not None:
+            self.hicache.on_device_free(slots)  # demote before the slots can be handed out again
+        self.allocator.free(slots)
 
     # -- admission ------------------------------------------------------------------
     def match_and_lock(self, req: Req, max_match: int) -> int:
@@ -36,7 +49,15 @@ class KVCache:
         req.last_node = m.last_node
         req.slots = list(m.values)
         req.num_tree_tokens = len(m.values)
+        if self.hicache is not None:
+            self.hicache.note_device_hit(req.slots)
         return len(m.values)
+
+    def match_lower_tiers(self, req: Req, max_match: int) -> TierHit:
+        """Host / storage pages that continue req's device hit (call after match_and_lock)."""
+        if self.hicache is None:
+            return TierHit()
+        return self.hicache.match(req, req.num_tree_tokens, max_match)
 
     def attach_row(self, req: Req) -> bool:
         row = self.req_to_token.alloc()
@@ -72,6 +93,8 @@ class KVCache:
         req.num_tree_tokens = n
         if req.req_pool_idx is not None:
             self.req_to_token.write(req.req_pool_idx, 0, req.slots)
+        if self.hicache is not None:
+            self.hicache.note_inserted(req, req.slots)
 
     def release(self, req: Req) -> None:
         """Finished, aborted or retracted: hand computed KV to the tree (or free it),
@@ -83,6 +106,8 @@ class KVCache:
             dup = self.tree.insert(req.fill_ids[:n], req.slots)
             if dup > req.num_tree_tokens:
                 self.allocator.free(req.slots[req.num_tree_tokens : dup])
+            if self.hicache is not None and n >= self.hicache.page_size:
+                self.hicache.note_inserted(req, self.tree.match_prefix(req.fill_ids[:n]).values)
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)
         if req.req_pool_idx is not None:
@@ -98,11 +123,15 @@ class KVCache:
             return False
         self.allocator.free(self.tree.all_values())
         self.tree.reset()
+        if self.hicache is not None:
+            self.hicache.flush()
         return True
 
     def check_invariants(self, live: list[Req]) -> None:
         self.tree.check_invariants()
         owned = list(self.tree.all_values())
+        if self.hicache is not None:
+            self.hicache.check_invariants(set(owned))
         for r in live:
             owned.extend(r.slots[r.num_tree_tokens :])
         self.allocator.check_invariants(owned)

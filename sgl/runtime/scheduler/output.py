@@ -172,6 +172,8 @@ class OutputProcessor:
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.output_ids),
             "cached_tokens": req.num_cached_tokens,
+            "cached_tokens_details": req.cached_tokens_details
+            or {"device": req.num_cached_tokens, "host": 0, "storage": 0},
             "jump_forward_tokens": req.jump_forward_tokens,
             "e2e_latency": time.monotonic() - req.created_at,
         }

@@ -7,6 +7,11 @@ running requests' future decode tokens. Slots are allocated here, so each admiss
 sees the pool as the previous one left it. A waiting request that shares a long uncached
 prefix with one admitted in the same batch is deferred one step: after that step the
 prefix is in the tree and it is reused instead of computed twice (n>1, forks, batches).
+
+With the hierarchical cache, the device hit is continued from the host and storage tiers:
+those tokens get fresh slots (allocated with the new ones) and are loaded, not computed,
+so they cost KV space but no prefill budget. A request whose storage prefetch the policy
+says to wait for stays in the queue.
 """
 
 from __future__ import annotations
@@ -66,26 +71,36 @@ def schedule_prefill(
     for req in order_waiting(policy, waiting, kv.tree):
         if num_running + len(prefilling) >= lim.max_running or budget <= 0:
             break
-        max_match = req.fill_len - 1
+        if kv.hicache is not None and kv.hicache.storage_pending(req):
+            continue
+        max_match = max(0, req.fill_len - 1)
         if req.wants_input_logprobs:
-            max_match = min(max_match, req.first_logprob_row())
-        matched = kv.match_and_lock(req, max(0, max_match))
-        if _shares_uncached_prefix(req, matched, admitted):
+            max_match = max(0, min(max_match, req.first_logprob_row()))
+        matched = kv.match_and_lock(req, max_match)
+        hit = kv.match_lower_tiers(req, max_match)
+        if _shares_uncached_prefix(req, matched + hit.num_tokens, admitted):
             _unlock(kv, req)
             continue
-        n = min(req.fill_len - matched, lim.chunk_size, budget)
-        if kv.available() < n + lim.decode_reserve and (plan or num_running):
+        n = min(req.fill_len - matched - hit.num_tokens, lim.chunk_size, budget)
+        if kv.available() < hit.num_tokens + n + lim.decode_reserve and (plan or num_running):
             _unlock(kv, req)
             break
-        slots = kv.alloc(n)
+        slots = kv.alloc(hit.num_tokens + n)
         if slots is None or not kv.attach_row(req):
             if slots is not None:
                 kv.allocator.free(slots)
             _unlock(kv, req)
             break
         kv.extend(req, slots)
+        if hit.loads:
+            assert kv.hicache is not None
+            kv.hicache.commit(hit, slots)
         if not req.admitted_once:
-            req.num_cached_tokens = matched
+            req.num_cached_tokens = matched + hit.num_tokens
+            if kv.hicache is not None:
+                req.cached_tokens_details = {"device": matched, "host": hit.host_tokens,
+                                             "storage": hit.storage_tokens}
+                kv.hicache.stats["hicache_device_hit_tokens"] += matched
             req.admitted_once = True
         budget -= n
         waiting.remove(req)

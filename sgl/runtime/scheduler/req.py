@@ -55,7 +55,9 @@ class Req:
     last_node: Any = None  # locked radix node covering slots[:num_tree_tokens]
 
     # accounting
-    num_cached_tokens: int = 0  # prefix hit at first admission
+    num_cached_tokens: int = 0  # prefix hit at first admission (all tiers)
+    cached_tokens_details: dict[str, int] | None = None  # per tier, when the hierarchical cache is on
+    page_hashes: list[int] = field(default_factory=list)  # hierarchical cache: the prompt's full pages
     admitted_once: bool = False
     jump_forward_tokens: int = 0
     num_retractions: int = 0

@@ -94,6 +94,7 @@ class Scheduler:
         self._next_uid = 0
         self._live: dict[int, Req] = {}  # uid -> request, from admission to finish
         self._released: list[int] = []  # uids finished since the last plan
+        self._stored_pages: list[tuple[int, int]] = []  # (host page, hash) stored by the plan being run
         self.stats: dict[str, float] = {
             "num_requests_total": 0, "num_finished_total": 0, "num_aborted_total": 0,
             "prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
@@ -178,13 +179,35 @@ class Scheduler:
         self._poll_grammars()
         plan = self.schedule()
         if plan is None:
+            if self.kv.hicache is not None and self.kv.hicache.has_copies():
+                self._run_copies(StepPlan(rows=[]))  # idle: write through now, not at the next batch
             if not self.has_work() and self.cfg.check_invariants_when_idle:
                 self.check_invariants()
             return False
         result = self.executor.execute(plan)
+        self._after_copies(plan)
         self.stats["num_forward_passes"] += 1
         self.update(plan, result)
         return True
+
+    def _run_copies(self, plan: StepPlan) -> None:
+        self._attach_copies(plan)
+        plan.table_writes = self.kv.req_to_token.take_journal()
+        self.executor.execute(plan)
+        self._after_copies(plan)
+
+    def _attach_copies(self, plan: StepPlan) -> None:
+        hc = self.kv.hicache
+        if hc is not None:
+            plan.kv_stores, plan.kv_loads, plan.kv_fills, stored = hc.take_copies()
+            self._stored_pages = stored
+
+    def _after_copies(self, plan: StepPlan) -> None:
+        """Pages just written to the host tier go on to storage (in the background)."""
+        hc = self.kv.hicache
+        if hc is not None and hc.storage is not None and self._stored_pages:
+            hc.storage.write_through(self._stored_pages)
+        self._stored_pages = []
 
     def schedule(self) -> StepPlan | None:
         """Pick this step's batch (allocating its KV slots); None when nothing can run."""
@@ -209,6 +232,7 @@ class Scheduler:
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         plan = make_plan(batch, self.eos_ids, self._released)
         plan.table_writes = self.kv.req_to_token.take_journal()
+        self._attach_copies(plan)
         self._released = []
         return plan
 
@@ -389,4 +413,14 @@ class Scheduler:
             "kv_evictable_tokens": kv.tree.evictable_size(),
             "kv_usage": (total - free) / total if total else 0.0,
             "cache_hit_rate": (self.stats["cached_tokens_total"] / prompt) if prompt else 0.0,
+            **self._hicache_snapshot(),
         }
+
+    def _hicache_snapshot(self) -> dict[str, Any]:
+        hc = self.kv.hicache
+        if hc is None:
+            return {"hicache_enabled": False}
+        host_pool = getattr(self.executor, "host_pool", None)
+        out = {"hicache_enabled": True, **hc.snapshot(host_pool.page_nbytes if host_pool is not None else 0)}
+        out.update(getattr(self.executor, "copy_stats", {}))
+        return out
