@@ -12,7 +12,7 @@ Frame (little-endian, 20-byte header, then the payload)::
     16      4     CRC-32 (zlib) of the payload
     20      n     payload (the KV page as the host tier lays it out; opaque here)
 
-`decode_page` answers None on a wrong magic or version, a length that does not match the
+`decode_page` answers None on a wrong magic, version, flags or reserved field, a length that does not match the
 blob (a truncated or padded page) or a checksum mismatch; the caller then deletes the
 page and recomputes (`PageStore.get` does both).
 
@@ -58,8 +58,8 @@ def decode_page(blob: bytes | bytearray | memoryview | None) -> bytes | None:
     view = memoryview(blob).cast("B")
     if view.nbytes < HEADER_SIZE:
         return None
-    magic, version, _flags, _reserved, length, crc = _HEADER.unpack_from(view)
-    if magic != MAGIC or version != VERSION or view.nbytes != HEADER_SIZE + length:
+    magic, version, flags, reserved, length, crc = _HEADER.unpack_from(view)
+    if magic != MAGIC or version != VERSION or flags or reserved or view.nbytes != HEADER_SIZE + length:
         return None
     payload = view[HEADER_SIZE:]
     if zlib.crc32(payload) != crc:

@@ -158,10 +158,7 @@ class FileBackend:
                     self._n["hits"] += 1
                     self._n["bytes_read"] += len(data)
             if data is not None:
-                try:
-                    os.utime(path)  # mtime = last use, so the LRU order survives a restart
-                except OSError:
-                    pass
+                _touch(path)
             out.append(data)
         return out
 
@@ -195,6 +192,7 @@ class FileBackend:
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
+            _touch(tmp)
             os.replace(tmp, path)
         except OSError as e:
             if tmp is not None:
@@ -247,6 +245,16 @@ class FileBackend:
                     "writes_paused": float(self._paused_until is not None)}
 
     def close(self) -> None:
+        pass
+
+
+def _touch(path: str | os.PathLike[str]) -> None:
+    """mtime = now, to the nanosecond (file timestamps are otherwise as coarse as a clock tick,
+    and the restart scan orders pages by mtime): the last use, so the LRU order survives."""
+    now = time.time_ns()
+    try:
+        os.utime(path, ns=(now, now))
+    except OSError:
         pass
 
 

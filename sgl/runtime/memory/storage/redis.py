@@ -79,11 +79,11 @@ class RedisBackend:
         self._retry_base = self._retry_s = float(retry_interval_s)
         self._down_until: float | None = None  # None: connected (or never tried)
         self._configured = False
+        self._starting = True  # the first outage log says "unreachable at start"
         self._n = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "writes", "errors",
                                  "connect_attempts", "reconnects"), 0)
-        if self._call(self._connect) is None:
-            log.warning("storage redis: %s unreachable; the storage tier is off until it answers "
-                        "(retrying every %.0f s or more)", redact(url), self._retry_s)
+        self._call(self._connect)
+        self._starting = False
 
     # -- connection state ----------------------------------------------------------------
     def _connect(self) -> bool:
@@ -133,8 +133,9 @@ class RedisBackend:
         with self._lock:
             self._n["errors"] += 1
             if self._down_until is None:
-                log.warning("storage redis: lost %s (%s); the storage tier is off, requests recompute "
-                            "(retrying every %.0f s or more)", redact(self.url), err, self._retry_s)
+                what = "cannot reach" if self._starting else "lost"
+                log.warning("storage redis: %s %s (%s); the storage tier is off, requests recompute "
+                            "(retrying every %.0f s or more)", what, redact(self.url), err, self._retry_s)
             else:
                 self._retry_s = min(self._retry_s * 2, _MAX_BACKOFF_S)
             self._down_until = time.monotonic() + self._retry_s
