@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 import typing
 from dataclasses import dataclass, field
@@ -84,6 +85,22 @@ class EngineConfig(SharedOptions):
     dist_init_addr: str | None = _f(None, "HOST:PORT where the ranks meet (torch.distributed rendezvous; "
                                           "required when nnodes > 1, default a free loopback port)")
     dist_timeout: float = _f(300.0, "seconds a rank waits for the others to join, and for a collective")
+    page_size: int = _f(16, "tokens per KV page: the block size of KV events (and of the storage tiers later)")
+    enable_hierarchical_cache: bool = _f(False, "keep KV evicted from the device pool in a host tier (and a storage "
+                                                "tier) and load it back instead of recomputing")
+    hicache_ratio: float = _f(2.0, "host tier size as a multiple of the device KV pool (when hicache_size is 0)")
+    hicache_size: float = _f(0, "host tier size in GB (0: use hicache_ratio)")
+    hicache_write_policy: str = _f("write_through", "when KV is copied to the host tier: write_through (when "
+                                   "cached), write_through_selective (after 2 device hits), write_back (at eviction)",
+                                   ("write_through", "write_through_selective", "write_back"))
+    hicache_storage_backend: str | None = _f(None, "storage tier (L3) under the host tier: file or redis "
+                                                   "(default: none)", ("file", "redis"))
+    hicache_storage_backend_extra_config: str | None = _f(
+        None, 'storage tier options as a JSON object: {"path": DIR} (file), {"url": "redis://HOST:PORT"} (redis), '
+              '"max_bytes", and "prefetch_timeout" (seconds, for the timeout prefetch policy; default 1.0)')
+    hicache_storage_prefetch_policy: str = _f("best_effort", "how long a request waits for its storage prefetch: "
+                                              "best_effort (not at all), wait_complete, timeout",
+                                              ("best_effort", "wait_complete", "timeout"))
 
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
@@ -105,7 +122,39 @@ class EngineConfig(SharedOptions):
                 raise ValueError(f"dist_init_addr must be HOST:PORT, got {self.dist_init_addr!r}")
         if self.dist_timeout <= 0:
             raise ValueError("dist_timeout must be > 0 seconds")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        self._check_hicache()
         return self
+
+    def _check_hicache(self) -> None:
+        if self.hicache_ratio <= 0:
+            raise ValueError(f"--hicache-ratio must be > 0, got {self.hicache_ratio}")
+        if self.hicache_size < 0:
+            raise ValueError(f"--hicache-size must be >= 0 GB, got {self.hicache_size}")
+        extra = self.hicache_storage_extra()  # ValueError naming the flag
+        if not self.enable_hierarchical_cache:
+            return
+        if self.disable_radix_cache:
+            raise ValueError("--enable-hierarchical-cache needs the radix cache: drop --disable-radix-cache")
+        if self.hicache_storage_backend is not None and self.tp_size > 1:
+            raise ValueError("--hicache-storage-backend is not supported with --tp-size > 1 yet")
+        timeout = extra.get("prefetch_timeout", 1.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"--hicache-storage-backend-extra-config: prefetch_timeout must be a positive number "
+                             f"of seconds, got {timeout!r}")
+
+    def hicache_storage_extra(self) -> dict[str, Any]:
+        """The parsed JSON object of --hicache-storage-backend-extra-config ({} when unset)."""
+        if not self.hicache_storage_backend_extra_config:
+            return {}
+        try:
+            value = json.loads(self.hicache_storage_backend_extra_config)
+        except ValueError as e:
+            raise ValueError(f"--hicache-storage-backend-extra-config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("--hicache-storage-backend-extra-config must be a JSON object")
+        return value
 
     @staticmethod
     def from_kwargs(**kwargs: Any) -> "EngineConfig":

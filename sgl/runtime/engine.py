@@ -223,6 +223,10 @@ class Engine:
     def flush_cache(self) -> bool:
         return bool(self._call("flush_cache"))
 
+    def clear_hicache_storage_backend(self) -> bool:
+        """Drop the storage tier's pages of this model (flush_cache leaves them); False without one."""
+        return bool(self._call("clear_hicache_storage"))
+
     def get_server_info(self) -> dict[str, Any]:
         info = self._call("snapshot")
         r = self._ready

@@ -64,6 +64,7 @@ def register(app: FastAPI) -> None:
     app.add_api_route("/flush_cache", flush_cache, methods=["POST"])
     app.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)
     app.add_api_route("/abort_request", abort_request, methods=["POST"])
+    app.add_api_route("/clear_hicache_storage_backend", clear_hicache_storage_backend, methods=["GET", "POST"])
 
 
 def _per_item(value: Any, n: int, name: str, default: Any) -> list[Any]:
@@ -271,6 +272,14 @@ async def flush_cache(request: Request) -> Response:
         raise APIError("cache not flushed: requests are still running; retry when idle", 400)
     return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
                              "(When there are running or waiting requests, the operation will not be performed.)\n")
+
+
+async def clear_hicache_storage_backend(request: Request) -> Any:
+    """Drop the hierarchical cache's storage tier pages of this model (SGLang's route)."""
+    ok = await asyncio.to_thread(request.app.state.engine.clear_hicache_storage_backend)
+    if not ok:
+        raise APIError("no storage tier: start with --enable-hierarchical-cache --hicache-storage-backend", 400)
+    return "Hierarchical cache storage backend cleared."
 
 
 async def abort_request(req: AbortRequest, request: Request) -> Response:

@@ -141,9 +141,23 @@ class HiCache:
         return True
 
     # -- admission ------------------------------------------------------------------------
+    def on_arrival(self, req: Req) -> None:
+        """Start looking up the prompt's pages beyond the host tier's in storage."""
+        if self.storage is None:
+            return
+        hashes = self.hashes(req, max(0, len(req.input_ids) - 1))
+        start = 0
+        while start < len(hashes) and hashes[start] in self.host:
+            start += 1
+        self.storage.start_prefetch(req.uid, hashes, start)
+
+    def on_finish(self, req: Req) -> None:
+        if self.storage is not None:
+            self.storage.forget(req.uid)
+
     def storage_pending(self, req: Req) -> bool:
         """True while the prefetch policy says to keep `req` waiting for storage."""
-        return self.storage is not None and self.storage.must_wait(req)
+        return self.storage is not None and self.storage.must_wait(req.uid)
 
     def match(self, req: Req, device_tokens: int, max_tokens: int) -> TierHit:
         """Host (then storage) pages continuing the device hit, within fill_ids[:max_tokens]."""
@@ -161,7 +175,7 @@ class HiCache:
             first = 0
         k = k0 + len(pages)
         if self.storage is not None and k < len(hashes):
-            for h, blob in zip(hashes[k:], self.storage.take(req, hashes, k)):
+            for h, blob in zip(hashes[k:], self.storage.take(req.uid, k)):
                 page = self.host.put(h)
                 if page is None:
                     break

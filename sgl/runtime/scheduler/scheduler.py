@@ -290,6 +290,8 @@ class Scheduler:
             req.created_at = time.monotonic()
             self.grammar_wait.append(req)
             return
+        if self.kv.hicache is not None:
+            self.kv.hicache.on_arrival(req)
         self.waiting.append(req)
 
     def _poll_grammars(self) -> None:
@@ -369,6 +371,8 @@ class Scheduler:
             req.grammar_future.cancel()
         if req.req_pool_idx is not None or req.last_node is not None:
             self.kv.release(req)
+        if self.kv.hicache is not None:
+            self.kv.hicache.on_finish(req)
         s = self.stats
         s["num_finished_total"] += 1
         if reason is not None and reason.get("type") == "abort":
@@ -383,6 +387,20 @@ class Scheduler:
     # -- introspection (call from the scheduler thread, e.g. via call()) ------------------
     def check_invariants(self) -> None:
         self.kv.check_invariants(self.prefilling + self.running)
+
+    def close(self) -> None:
+        """Stop background work (the storage tier's threads, after their queued writes)."""
+        hc = self.kv.hicache
+        if hc is not None and hc.storage is not None:
+            hc.storage.close()
+
+    def clear_hicache_storage(self) -> bool:
+        """Drop every page of the storage tier (this model's namespace); False when there is none."""
+        hc = self.kv.hicache
+        if hc is None or hc.storage is None:
+            return False
+        hc.storage.clear()
+        return True
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and the current load (plain data; cheap: sums per-request lengths).

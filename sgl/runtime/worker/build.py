@@ -39,6 +39,7 @@ class RankModel:
     context_length: int
     max_total_tokens: int
     tp: TPInfo
+    host_pool: Any = None  # memory/host_pool.HostKVPool with --enable-hierarchical-cache
 
 
 def resolve_device(cfg: EngineConfig) -> str:
@@ -79,7 +80,47 @@ def build_rank(cfg: EngineConfig, hf_dir: str, tp: TPInfo) -> RankModel:
     runner = ModelRunner(model, attn, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads)
     return RankModel(model=model, config=mc, tokenizer=loaded.tokenizer, pool=pool, runner=runner, device=device,
                      context_length=cfg.context_length or mc.max_position_embeddings,
-                     max_total_tokens=num_tokens, tp=tp)
+                     max_total_tokens=num_tokens, tp=tp, host_pool=host_tier(cfg, pool, num_tokens, device))
+
+
+def host_tier(cfg: EngineConfig, pool: KVPool, num_tokens: int, device: str) -> Any:
+    """This rank's host KV tier (same page count on every rank), or None when it is off."""
+    if not cfg.enable_hierarchical_cache:
+        return None
+    from sgl.runtime.memory.host_pool import HostKVPool
+
+    args = (cfg.page_size, pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
+    if cfg.hicache_size > 0:
+        pages = HostKVPool.pages_for(cfg.hicache_size * 1e9, *args)
+    else:
+        pages = int(cfg.hicache_ratio * num_tokens) // cfg.page_size
+    if pages < 1:
+        raise ValueError(f"the host KV tier would hold no page (--hicache-size {cfg.hicache_size} GB, "
+                         f"--hicache-ratio {cfg.hicache_ratio}, --page-size {cfg.page_size})")
+    log.info("host KV tier: %d pages of %d tokens", pages, cfg.page_size)
+    return HostKVPool(pages, *args, pin_memory=device.startswith("cuda"))
+
+
+def hicache(cfg: EngineConfig, rm: RankModel) -> Any:
+    """Rank 0's hierarchical-cache controller (with its storage tier), or None."""
+    if rm.host_pool is None:
+        return None
+    from sgl.runtime.scheduler.hicache import HiCache
+
+    storage = None
+    if cfg.hicache_storage_backend is not None:
+        from sgl.runtime.memory.storage import PageStore, make_backend, namespace_for
+        from sgl.runtime.scheduler.storage_tier import StorageTier
+
+        extra = dict(cfg.hicache_storage_extra())
+        timeout = float(extra.pop("prefetch_timeout", 1.0))
+        # The weights' name and their architecture: a different model never matches a key.
+        identity = f"{cfg.model_path or 'embedded-smollm2-135m-instruct'}|{rm.config!r}"
+        ns = namespace_for(identity, str(rm.pool.dtype), cfg.page_size, rm.tp.size, rm.tp.rank)
+        backend = make_backend(cfg.hicache_storage_backend, extra, ns)
+        storage = StorageTier(PageStore(backend), ns, rm.host_pool.page_nbytes, rm.host_pool.read,
+                              cfg.hicache_storage_prefetch_policy, timeout)
+    return HiCache(cfg.page_size, rm.host_pool.num_pages, cfg.hicache_write_policy, storage=storage)
 
 
 def request_table(cfg: EngineConfig, rm: RankModel) -> Any:
@@ -101,7 +142,8 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
     table = request_table(cfg, rm)
     if peers is not None:
         table.record_writes()  # the other ranks replay them (StepPlan.table_writes)
-    kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(rm.max_total_tokens + 1), table)
+    kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(rm.max_total_tokens + 1), table,
+                 hicache(cfg, rm))
     eos = set(rm.config.eos_token_ids)
     return Scheduler(
         SchedulerConfig(
@@ -116,7 +158,7 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
             detokenize_outputs=False,
         ),
         rm.runner, kv, rm.tokenizer, eos, grammar_compiler=LazyGrammarCompiler(rm.tokenizer, eos, cfg),
-        device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers),
+        device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers, rm.host_pool, rm.pool),
     )
 
 

@@ -59,7 +59,7 @@ def main(spec: WorkerSpec) -> int:
             from sgl.runtime.worker.follower import run_follower
 
             assert peers is not None
-            return run_follower(rm.runner, request_table(cfg, rm), peers, rm.device)
+            return run_follower(rm.runner, request_table(cfg, rm), peers, rm.device, rm.host_pool, rm.pool)
         assert serve is not None
         serve.scheduler = build_scheduler(cfg, rm, peers)
         serve.peers = peers

@@ -56,6 +56,7 @@ def inject_fault(scheduler: Any, point: str, once: bool) -> None:
 # Control calls the API process may make, by name: (scheduler, *args) -> plain value.
 CALLS: dict[str, Callable[..., Any]] = {
     "flush_cache": lambda s: bool(s.kv.flush()),
+    "clear_hicache_storage": lambda s: s.clear_hicache_storage(),
     "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s)},
     "check_invariants": lambda s: s.check_invariants(),
     "inject_fault": inject_fault,
@@ -125,6 +126,7 @@ class Serve:
         reader = threading.Thread(target=self._read, name="sgl-worker-reader", daemon=True)
         reader.start()
         self.scheduler.run_forever(self.stop, after_iteration=self._after_iteration)
+        self.scheduler.close()  # the storage tier finishes its queued writes
         reason = self.scheduler.crash_reason
         if reason is None:
             self.outbox.flush()

@@ -1,0 +1,180 @@
+"""The storage tier (L3) as the scheduler sees it: pages written through from the host
+tier and prefetched for arriving requests, each on its own background thread, so the
+scheduler never waits on a disk or a network (except where the prefetch policy says so).
+
+Writes: after a plan has stored pages into the host tier, `write_through` reads their
+bytes (on the scheduler thread: the executor is idle then) and queues them; the writer
+thread frames and stores them (`PageStore`). A full queue drops writes (counted).
+Prefetch: when a request arrives, the reader thread looks up its prompt's pages beyond
+those already in the host tier (`exists`, then `get` in batches) and appends each
+verified page as it arrives. At admission `take` hands over what has arrived (the
+hierarchical cache fills host pages with it and loads them); `must_wait` applies the
+policy: best_effort never waits, wait_complete waits for the lookup to finish, timeout
+waits at most `prefetch_timeout` seconds. A failing backend answers misses, so a request
+only ever loses its hit, never fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sgl.runtime.memory.storage import PageStore, page_key
+
+log = logging.getLogger("sgl.hicache")
+
+GET_BATCH = 16  # pages per backend get: what has arrived is usable between batches
+MAX_QUEUED_WRITES = 256  # write batches; beyond this, writes are dropped (storage is best effort)
+
+
+@dataclass
+class Prefetch:
+    start: int  # first page index looked up
+    keys: list[str]
+    started_at: float = field(default_factory=time.monotonic)
+    pages: list[bytes] = field(default_factory=list)  # verified payloads, in order, as they arrive
+    done: bool = False
+    cancelled: bool = False
+
+
+class StorageTier:
+    def __init__(self, store: PageStore, namespace: str, page_nbytes: int, read_page: Callable[[int], bytes],
+                 prefetch_policy: str = "best_effort", prefetch_timeout: float = 1.0) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.page_nbytes = page_nbytes
+        self.read_page = read_page
+        self.policy = prefetch_policy
+        self.timeout = prefetch_timeout
+        self._prefetches: dict[int, Prefetch] = {}  # request uid -> its prefetch
+        self._written: set[int] = set()  # page hashes this process stored (skip rewriting them)
+        self._writes: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue(MAX_QUEUED_WRITES)
+        self._reads: queue.Queue[Prefetch | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.stats: dict[str, float] = {
+            "storage_pages_written": 0, "storage_bytes_written": 0, "storage_writes_dropped": 0,
+            "storage_pages_prefetched": 0, "storage_bytes_loaded": 0, "storage_prefetch_seconds": 0.0,
+        }
+        self._threads = [threading.Thread(target=self._write_loop, name="sgl-hicache-writer", daemon=True),
+                         threading.Thread(target=self._read_loop, name="sgl-hicache-reader", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- scheduler thread ------------------------------------------------------------------
+    def key(self, page_hash: int) -> str:
+        return page_key(self.namespace, page_hash)
+
+    def write_through(self, stored: list[tuple[int, int]]) -> None:
+        """(host page, page hash) just written to the host tier: send them on to storage."""
+        todo = [(p, h) for p, h in stored if h not in self._written]
+        if not todo:
+            return
+        keys = [self.key(h) for _, h in todo]
+        payloads = [self.read_page(p) for p, _ in todo]
+        try:
+            self._writes.put_nowait((keys, payloads))
+        except queue.Full:
+            with self._lock:
+                self.stats["storage_writes_dropped"] += len(keys)
+            return
+        if len(self._written) > 1_000_000:
+            self._written.clear()
+        self._written.update(h for _, h in todo)
+
+    def start_prefetch(self, uid: int, hashes: list[int], start: int) -> None:
+        if start >= len(hashes):
+            return
+        p = Prefetch(start, [self.key(h) for h in hashes[start:]])
+        self._prefetches[uid] = p
+        self._reads.put(p)
+
+    def must_wait(self, uid: int) -> bool:
+        p = self._prefetches.get(uid)
+        if p is None or p.done or self.policy == "best_effort":
+            return False
+        return self.policy == "wait_complete" or time.monotonic() - p.started_at < self.timeout
+
+    def take(self, uid: int, from_page: int) -> list[bytes]:
+        """Pages from index `from_page` on that have arrived for request `uid` (once)."""
+        p = self._prefetches.pop(uid, None)
+        if p is None:
+            return []
+        p.cancelled = True
+        if from_page < p.start:
+            return []  # a page before the prefetched run is missing: the chain is broken
+        return list(p.pages[from_page - p.start :])
+
+    def forget(self, uid: int) -> None:
+        p = self._prefetches.pop(uid, None)
+        if p is not None:
+            p.cancelled = True
+
+    def clear(self) -> None:
+        self.store.clear()
+        self._written.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = dict(self.stats)
+        out["storage_backend"] = self.store.name
+        try:
+            out.update({f"storage_{k}": v for k, v in self.store.stats().items()})
+        except Exception:  # numbers only; a failing backend must not break /get_server_info
+            log.debug("storage stats failed", exc_info=True)
+        return out
+
+    def close(self) -> None:
+        self._writes.put(None)
+        self._reads.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self.store.close()
+
+    # -- background threads ----------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while (job := self._writes.get()) is not None:
+            keys, payloads = job
+            try:
+                ok = self.store.set(keys, payloads)
+            except Exception:
+                log.warning("storage %s: write failed; going on without it", self.store.name, exc_info=True)
+                ok = []
+            with self._lock:
+                self.stats["storage_pages_written"] += sum(ok)
+                self.stats["storage_bytes_written"] += sum(len(p) for p, k in zip(payloads, ok) if k)
+
+    def _read_loop(self) -> None:
+        while (p := self._reads.get()) is not None:
+            t0 = time.perf_counter()
+            try:
+                self._prefetch(p)
+            except Exception:
+                log.warning("storage %s: prefetch failed; recomputing", self.store.name, exc_info=True)
+            finally:
+                p.done = True
+                with self._lock:
+                    self.stats["storage_prefetch_seconds"] += time.perf_counter() - t0
+
+    def _prefetch(self, p: Prefetch) -> None:
+        if p.cancelled:
+            return
+        n = self.store.exists(p.keys)
+        for lo in range(0, n, GET_BATCH):
+            if p.cancelled:
+                return
+            got = self.store.get_prefix(p.keys[lo : min(n, lo + GET_BATCH)])
+            good: list[bytes] = []
+            for g in got:
+                if len(g) != self.page_nbytes:  # a page of another layout is a miss
+                    break
+                good.append(g)
+            p.pages.extend(good)
+            with self._lock:
+                self.stats["storage_pages_prefetched"] += len(good)
+                self.stats["storage_bytes_loaded"] += sum(len(g) for g in good)
+            if len(good) < min(n, lo + GET_BATCH) - lo:
+                return
