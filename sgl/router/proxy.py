@@ -44,7 +44,8 @@ logger = logging.getLogger("sgl.router")
 
 DONE = b"data: [DONE]\n\n"
 OK, FAILED, CLIENT_CLOSED = 200, 502, 499  # how a stream ended (also its metrics status)
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+# Hop-by-hop, plus the ones our own server (uvicorn) sets, so they are not doubled.
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"})
 
 
 def error_body(message: str, type: str, code: int | str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -220,8 +221,8 @@ async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
 
 
 def _answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str]:
-    out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
-    rid = fwd.headers.get("x-request-id")
+    out = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+    rid = fwd.headers.get("x-request-id")  # the client's id wins over one the worker made up
     if rid:
         out["x-request-id"] = rid
     return out
