@@ -210,12 +210,38 @@ def test_queue_full_429(workers):
         r.stop()
 
 
+def test_client_that_leaves_aborts_the_worker_request(http, workers):
+    def running() -> int:
+        return sum(httpx.get(w.url + "/get_server_info", headers=w.headers()).json()["num_running_reqs"]
+                   for w in workers)
+
+    long = {"max_new_tokens": 2000, "ignore_eos": True}
+    for stream in (False, True):
+        with httpx.Client(base_url=http.base_url, headers=http.headers, timeout=httpx.Timeout(60, read=1.5)) as c:
+            if stream:  # read the first frame, then hang up
+                with c.stream("POST", "/generate", json={"text": "Go on", "stream": True, "sampling_params": long}) as r:
+                    assert next(r.iter_raw())
+            else:  # give up waiting for the answer
+                with pytest.raises(httpx.ReadTimeout):
+                    c.post("/generate", json={"text": "Go on and on", "sampling_params": long})
+        deadline = time.time() + 30
+        while running() or any(w["in_flight"] for w in http.get("/workers").json()["workers"]):
+            assert time.time() < deadline, "the worker kept generating for a client that left"
+            time.sleep(0.1)
+
+
 def test_no_workers_503():
-    r = start_router("--worker-startup-timeout-secs", "1")
+    from tests.server_proc import free_port
+
+    prom = free_port()
+    r = start_router("--worker-startup-timeout-secs", "1", "--prometheus-port", str(prom), api_key=KEY)
     try:
         assert httpx.get(r.url + "/health").status_code == 503
-        g = httpx.post(r.url + "/generate", json={"text": "Hi"})
+        g = httpx.post(r.url + "/generate", json={"text": "Hi"}, headers=r.headers())
         assert g.status_code == 503 and "no workers" in g.json()["error"]["message"]
-        assert httpx.get(r.url + "/v1/models").status_code == 503
+        assert httpx.get(r.url + "/v1/models", headers=r.headers()).status_code == 503
+        # The separate metrics listener answers without the key.
+        text = httpx.get(f"http://127.0.0.1:{prom}/metrics").text
+        assert 'sgl_router_requests_total{route="/generate",status="503"} 1.0' in text
     finally:
         r.stop()

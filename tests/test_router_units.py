@@ -222,3 +222,26 @@ def test_route_inputs():
 def test_bad_route_input_names_the_field(endpoint, body, field):
     with pytest.raises(ValueError, match=field):
         route_request(endpoint, body, None, False)
+
+
+# ---- registry: health streaks ----------------------------------------------------------------
+
+
+def test_health_streaks_take_a_worker_out_and_back():
+    from sgl.router.policies import make_policy
+    from sgl.router.registry import Registry
+
+    reg = Registry(make_policy("round_robin"), CircuitOptions())
+    w = reg.add("http://w1")
+    reg.add("http://w2")
+    assert reg.record_health(w, False, "refused", 2, 2) is None and w.state.healthy
+    assert reg.record_health(w, False, "refused", 2, 2) is False and not w.state.healthy
+    assert [c.url for c in reg.candidates()] == ["http://w2"]
+    assert reg.record_health(w, True, None, 2, 2) is None and not w.state.healthy
+    assert reg.record_health(w, True, None, 2, 2) is True and w.state.healthy
+    assert [c.url for c in reg.candidates(exclude=["http://w2"])] == ["http://w1"]
+    assert [c.url for c in reg.candidates(exclude=["http://w1", "http://w2"])] == ["http://w1", "http://w2"]
+    for _ in range(10):
+        w.circuit.record(False)  # an open circuit also leaves rotation
+    assert [c.url for c in reg.candidates()] == ["http://w2"]
+    assert reg.remove("http://w2") is not None and reg.candidates() == []

@@ -108,22 +108,25 @@ class Proxy:
         chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
         return self.registry.get(chosen.url) or cands[0]
 
-    def _done(self, fwd: Forward, w: Worker, ok: bool, error: str | None = None) -> None:
+    def _done(self, fwd: Forward, w: Worker, ok: bool | None, error: str | None = None) -> None:
+        """Settle one attempt on `w`; ok None: abandoned by the client (no verdict on the worker)."""
         w.state.in_flight -= 1
         w.requests_total += 1
-        w.circuit.record(ok)
-        if not ok:
+        if ok is not None:
+            w.circuit.record(ok)
+        if ok is False:
             w.failures_total += 1
             w.last_error = error or w.last_error
-        self.metrics.worker_requests.labels(w.url, "ok" if ok else "error").inc()
+        self.metrics.worker_requests.labels(w.url, {True: "ok", False: "error", None: "abandoned"}[ok]).inc()
         if fwd.route_req is not None:
             try:
-                self.policy.on_done(fwd.route_req, w.state, ok)
+                self.policy.on_done(fwd.route_req, w.state, ok is not False)
             except Exception:  # a policy bug must not fail the request
                 logger.exception("policy.on_done failed")
 
     async def forward(self, fwd: Forward) -> Response:
-        """The worker's answer as a response; never raises for worker trouble."""
+        """The worker's answer as a response; never raises for worker trouble. Cancelling it
+        (the client left) closes the upstream connection, which aborts the worker's request."""
         t0 = time.perf_counter()
         tried: list[str] = []
         last = "no attempt"
@@ -136,56 +139,89 @@ class Proxy:
                 try:
                     w = self._choose(fwd, tried)
                 except NoWorkers as e:
-                    return self._final(fwd, t0, error_response(503, f"{e}; last error: {last}"
-                                                               if tried else str(e)))
+                    return self._final(fwd, t0, error_response(503, f"{e}; last error: {last}" if tried else str(e)))
                 tried.append(w.url)
-                w.state.in_flight += 1
-                resp, err = await self._send(fwd, w)
-                if resp is None:
-                    last = f"{w.url}: {err}"
+                out = await self._attempt(fwd, w, t0, final=attempt + 1 == self.retry.max_attempts)
+                if isinstance(out, str):
+                    last = f"{w.url}: {out}"
                     continue
-                if retryable_status(resp.status) and attempt + 1 < self.retry.max_attempts:
-                    body = await _read_quietly(resp)
-                    self._done(fwd, w, resp.status < 500, f"answered {resp.status}")
-                    last = f"{w.url} answered {resp.status}: {body[:200].decode(errors='replace')}"
-                    continue
-                if fwd.stream and resp.status == 200:
-                    finish_here = False
-                    return _Passthrough(resp, fwd, lambda end, err, w=w: self._stream_done(fwd, w, t0, end, err))
-                try:
-                    body = await resp.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    resp.close()
-                    self._done(fwd, w, False, _describe(e))
-                    self.on_connect_error(w.url)
-                    last = f"{w.url}: {_describe(e)} while reading the answer"
-                    continue
-                resp.release()
-                self._done(fwd, w, resp.status < 500)
-                return self._final(fwd, t0, Response(body, resp.status, _answer_headers(resp, fwd)))
+                if isinstance(out, _Passthrough):
+                    finish_here = False  # the stream calls on_finish when it ends
+                    return out
+                return self._final(fwd, t0, out)
             return self._final(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
         finally:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
 
-    async def _send(self, fwd: Forward, w: Worker) -> tuple[aiohttp.ClientResponse | None, str | None]:
+    async def forward_watching(self, fwd: Forward, receive: Receive) -> Response:
+        """`forward`, cancelled if the client disconnects while waiting for a non-streaming
+        answer (a stream notices a departed client itself, in `_Passthrough`)."""
+        if fwd.stream:
+            return await self.forward(fwd)
+        task = asyncio.ensure_future(self.forward(fwd))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
-            return await self.session.request(fwd.method, w.url + fwd.path, data=fwd.body, headers=fwd.headers), None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            msg = _describe(e)
-            self._done(fwd, w, False, msg)
-            if not isinstance(e, asyncio.TimeoutError):  # refused, reset, closed: is the worker gone?
-                self.on_connect_error(w.url)
-            logger.info("request to %s failed before its answer: %s", w.url, msg)
-            return None, msg
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self.metrics.observe(fwd.route, CLIENT_CLOSED, 0.0)
+        if task.cancelled():
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it
+        return task.result()
+
+    async def _attempt(self, fwd: Forward, w: Worker, t0: float, final: bool) -> Response | str:
+        """One try on `w`: the answer, or why to try again (the failure already counted)."""
+        w.state.in_flight += 1
+        resp: aiohttp.ClientResponse | None = None
+        settled = False
+        try:
+            try:
+                resp = await self.session.request(fwd.method, w.url + fwd.path, data=fwd.body, headers=fwd.headers)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                settled = True
+                return self._failed(fwd, w, e, "")
+            if retryable_status(resp.status) and not final:
+                body = await _read_quietly(resp)
+                settled = True
+                self._done(fwd, w, resp.status < 500, f"answered {resp.status}")
+                return f"answered {resp.status}: {body[:200].decode(errors='replace')}"
+            if fwd.stream and resp.status == 200:
+                settled = True  # the passthrough settles it when the stream ends
+                return _Passthrough(resp, fwd, lambda end, err: self._stream_done(fwd, w, t0, end, err))
+            try:
+                body = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                resp.close()
+                settled = True
+                return self._failed(fwd, w, e, " while reading the answer")
+            resp.release()
+            settled = True
+            self._done(fwd, w, resp.status < 500)
+            return Response(body, resp.status, _answer_headers(resp, fwd))
+        finally:
+            if not settled:  # cancelled: the client left, which is not the worker's failure
+                if resp is not None:
+                    resp.close()
+                self._done(fwd, w, None)
+
+    def _failed(self, fwd: Forward, w: Worker, e: BaseException, where: str) -> str:
+        msg = _describe(e) + where
+        self._done(fwd, w, False, msg)
+        if not isinstance(e, asyncio.TimeoutError):  # refused, reset, closed: is the worker gone?
+            self.on_connect_error(w.url)
+        logger.info("request to %s failed before its answer reached the client: %s", w.url, msg)
+        return msg
 
     def _final(self, fwd: Forward, t0: float, resp: Response) -> Response:
         self.metrics.observe(fwd.route, resp.status_code, time.perf_counter() - t0)
         return resp
 
     def _stream_done(self, fwd: Forward, w: Worker, t0: float, end: int, error: str | None) -> None:
-        # A client that left is not the worker's failure.
-        self._done(fwd, w, end != FAILED, error)
+        self._done(fwd, w, {OK: True, FAILED: False}.get(end), error)  # a client that left: no verdict
         if end == FAILED:
             self.on_connect_error(w.url)
         self.metrics.observe(fwd.route, end, time.perf_counter() - t0)

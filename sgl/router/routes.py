@@ -66,7 +66,7 @@ async def _generation(request: Request, endpoint: str) -> Response:
     assert router.proxy is not None
     fwd = Forward("POST", endpoint, endpoint, raw, headers, stream=bool(body.get("stream")), route_req=route_req,
                   on_finish=router.admission.release)
-    return await router.proxy.forward(fwd)
+    return await router.proxy.forward_watching(fwd, request.receive)
 
 
 async def generate(request: Request) -> Response:
