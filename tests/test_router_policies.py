@@ -30,7 +30,7 @@ def req(text: str, ids: list[int] | None = None) -> RouteRequest:
 
 def test_make_policy_names_and_unknown() -> None:
     assert set(POLICY_NAMES) >= {"round_robin", "random", "power_of_two", "cache_aware", "kv_aware"}
-    for name in ("round_robin", "random", "power_of_two", "cache_aware"):  # kv_aware: next commit
+    for name in POLICY_NAMES:
         assert make_policy(name, PolicyOptions()).name == name
     with pytest.raises(ValueError, match="unknown policy 'nope'.*round_robin"):
         make_policy("nope", PolicyOptions())

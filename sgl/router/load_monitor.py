@@ -126,6 +126,12 @@ class LoadMonitor:
         if w is not None:
             w.routed += tokens
 
+    def record(self, url: str, value: int | None) -> None:
+        """Take `value` as `url`'s answer to a poll sent now (in-process workers, simulators)."""
+        w = self._workers.get(url)
+        if w is not None:
+            w.reported, w.routed_at_poll = value, w.routed
+
     def load(self, url: str) -> int | None:
         """Reported queued + running tokens plus tokens routed since that poll; None if unknown."""
         w = self._workers.get(url)

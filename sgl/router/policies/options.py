@@ -42,7 +42,7 @@ class PolicyOptions:
         0.1, "power_of_two / kv_aware: seconds between GET /get_load polls of each worker"
     )
     kv_aware_prefill_weight: float = _f(  # type: ignore[assignment]
-        2.0,
+        16.0,
         "kv_aware: w in cost = w * uncached_prefill_tokens + load_tokens "
         "(see policies/kv_aware.py for why)",
     )
