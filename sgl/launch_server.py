@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=30000, help="port to bind")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' (all paths but /health)")
-    p.add_argument("--served-model-name", default=None, help="model id in the OpenAI API (default: the model path)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model id in the OpenAI API and metrics (default: a short name from the model path, "
+                        "e.g. SmolLM2-135M-Instruct for SmolLM2-135M-Instruct.Q4_1.gguf)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on shutdown before being aborted")

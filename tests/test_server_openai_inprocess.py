@@ -15,7 +15,7 @@ from fastapi import APIRouter
 from fastapi.testclient import TestClient
 
 from sgl.server import app as app_module
-from sgl.server import native_api, openai_api, openai_chat, openai_completions
+from sgl.server import native_api, openai_api, openai_chat, openai_completions, router_api
 from sgl.server.app import create_app
 
 
@@ -97,10 +97,21 @@ def frames(body: str) -> list[Any]:
 
 
 def test_routes_come_from_create_app_only():
-    for module in (native_api, openai_api, openai_completions, openai_chat, app_module):
+    for module in (native_api, router_api, openai_api, openai_completions, openai_chat, app_module):
         assert not [v for v in vars(module).values() if isinstance(v, APIRouter)], module.__name__
     paths = {r.path for r in create_app(FakeEngine()).routes}
-    assert {"/v1/models", "/v1/completions", "/v1/chat/completions", "/generate", "/health"} <= paths
+    assert {"/v1/models", "/v1/completions", "/v1/chat/completions", "/generate", "/health", "/get_load",
+            "/get_tokenizer"} <= paths
+
+
+def test_router_endpoints_on_a_bare_engine(http):
+    # an engine that reports nothing has no load; a tokenizer that is not a fast one cannot be exported
+    assert http.get("/get_load").json() == [{
+        "dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "num_running_reqs": 0,
+        "num_running_tokens": 0, "num_waiting_tokens": 0, "kv_total_tokens": 0, "kv_used_tokens": 0,
+        "kv_evictable_tokens": 0}]
+    r = http.get("/get_tokenizer")
+    assert r.status_code == 501 and "fast tokenizer" in r.json()["error"]["message"]
 
 
 def test_completions_two_prompts_with_echo(http):
@@ -154,8 +165,10 @@ def test_bad_requests_name_the_field(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = http.post("/v1/completions", json={"model": "other", "prompt": "a"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    r = http.post("/v1/completions", json={"model": "default", "prompt": "a", "max_tokens": 2})  # README's name
-    assert r.status_code == 200 and r.json()["model"] == "m"
+    # the placeholders (README's "default", sglang-router's "unknown", none) and the path name the one model
+    for extra in ({"model": "default"}, {"model": "unknown"}, {"model": None}, {}, {"model": "fake-model"}):
+        r = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **extra})
+        assert r.status_code == 200 and r.json()["model"] == "m", extra
     r = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}],
                                                 "max_tokens": 2, "top_logprobs": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"

@@ -17,12 +17,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from sgl.server import native_api, openai_api, openai_chat, openai_completions
+from sgl.server import native_api, openai_api, openai_chat, openai_completions, router_api
 from sgl.server.access_log import AccessLogMiddleware
 from sgl.server.auth import ApiKeyMiddleware
 from sgl.server.engine_client import EngineClient
 from sgl.server.errors import APIError, error_response, install_error_handlers
 from sgl.server.metrics import CONTENT_TYPE, Metrics
+from sgl.server.model_name import accepted_names, served_name_for
 
 logger = logging.getLogger("sgl.server")
 
@@ -36,8 +37,8 @@ def create_app(engine: Any, *, served_model_name: str | None = None, api_key: st
                server_args: dict[str, Any] | None = None, shutdown_engine: bool = True) -> FastAPI:
     """A ready-to-serve app for `engine` (an `sgl.runtime.engine.Engine` or lookalike)."""
     model_path = str(getattr(engine, "model_path", None) or "default")
-    served = served_model_name or model_path
-    metrics = Metrics()
+    served = served_model_name or served_name_for(model_path)
+    metrics = Metrics(model_name=served)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,14 +58,14 @@ def create_app(engine: Any, *, served_model_name: str | None = None, api_key: st
     app.state.metrics = metrics
     app.state.model_path = model_path
     app.state.served_model_name = served
-    app.state.model_aliases = openai_api.model_aliases(served, model_path)
+    app.state.model_aliases = accepted_names(served, model_path)
     app.state.created = int(time.time())
     app.state.version = __version__
     app.state.shutting_down = False
     app.state.server_args = dict(server_args or {}, model_path=model_path, served_model_name=served)
 
     install_error_handlers(app)
-    for api in (native_api, openai_api, openai_completions, openai_chat):
+    for api in (native_api, router_api, openai_api, openai_completions, openai_chat):
         api.register(app)
 
     @app.get("/metrics", include_in_schema=False)

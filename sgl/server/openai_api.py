@@ -13,7 +13,6 @@ need (envelope, finish reason, usage, logprobs) are here.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from sgl.server.access_log import note_usage
 from sgl.server.engine_client import (EngineClient, GenInput, abort_message, client_of, finish_of, meta_of,
                                      sse_response, tagged_chunks)
 from sgl.server.errors import APIError, bad_request, error_body
+from sgl.server.model_name import resolve_model
 from sgl.server.openai_protocol import OPENAI_NAMES, ResponseFormat, SamplingFields, StreamOptions
 from sgl.server.sse import DONE, sse
 
@@ -43,18 +43,10 @@ async def list_models(request: Request) -> dict[str, Any]:
         "root": st.model_path, "max_model_len": client_of(request).context_length}]}
 
 
-def model_aliases(served_model_name: str, model_path: str) -> set[str]:
-    # "default" names the one served model, as in SGLang's OpenAI examples and our README.
-    names = {served_model_name, model_path, os.path.basename(model_path.rstrip("/")), "default"}
-    return {n for n in names if n}
-
-
-def check_model(request: Request, model: str) -> str:
+def check_model(request: Request, model: str | None) -> str:
+    """The served name for a request's `model` (the rule: sgl/server/model_name.py)."""
     st = request.app.state
-    if model in st.model_aliases:
-        return st.served_model_name
-    raise APIError(f"model {model!r} does not exist; this server serves {st.served_model_name!r}", 404,
-                   param="model", code="model_not_found")
+    return resolve_model(model, st.served_model_name, st.model_aliases)
 
 
 # ---- parse --------------------------------------------------------------------------------

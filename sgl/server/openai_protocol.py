@@ -40,7 +40,7 @@ class _OpenAISampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str | None = Field(None, description="this server's model; see sgl/server/model_name.py for the names accepted")
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)

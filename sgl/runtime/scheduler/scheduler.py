@@ -361,14 +361,26 @@ class Scheduler:
         self.kv.check_invariants(self.prefilling + self.running)
 
     def snapshot(self) -> dict[str, Any]:
+        """Counters and the current load (plain data; cheap: sums per-request lengths).
+
+        num_running_tokens: context held by admitted requests (prompt + output so far);
+        num_waiting_tokens: tokens waiting requests will prefill (their prompt, plus the
+        output so far of a retracted one); generated_tokens_total: every output token so
+        far, running requests included (generation_tokens_total counts at finish only)."""
         kv = self.kv
         total = kv.allocator.capacity
         free = kv.allocator.num_free
         prompt = self.stats["prompt_tokens_total"]
+        admitted = self.running + self.prefilling
+        queued = self.waiting + self.grammar_wait
+        live_output = sum(len(r.output_ids) for r in admitted + queued)
         return {
             **self.stats,
-            "num_running_reqs": len(self.running) + len(self.prefilling),
-            "num_waiting_reqs": len(self.waiting) + len(self.grammar_wait),
+            "num_running_reqs": len(admitted),
+            "num_waiting_reqs": len(queued),
+            "num_running_tokens": sum(r.fill_len for r in admitted),
+            "num_waiting_tokens": sum(r.fill_len for r in queued),
+            "generated_tokens_total": self.stats["generation_tokens_total"] + live_output,
             "max_total_tokens": total,
             "kv_total_tokens": total,
             "kv_free_tokens": free,
