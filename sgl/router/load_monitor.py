@@ -1,0 +1,173 @@
+"""Worker-reported load: polls each worker's `GET /get_load` and adds what we sent since.
+
+A worker answers `/get_load` with one JSON object, or a list of them (one per DP rank);
+its load is the sum over entries of `num_waiting_tokens + num_running_tokens` (queued +
+running tokens). Workers that report only SGLang's older `num_tokens`, or a bare `load`,
+are read from those. Between two polls the router itself is the main source of change,
+so `load(url)` is the last reported value plus the prompt tokens routed to the worker
+since that poll was *sent* (not answered: a request routed while the poll was in flight
+may not be in the answer, so it stays counted until the next one)::
+
+    routed counter:  ... a ......... b ..... now
+                         ^ poll sent  ^ answer arrives (reported = R)
+    load(url) = R + (routed(now) - routed(a))
+
+A worker that does not answer (no such endpoint, down, timeout) has load `None`
+(unknown) until a poll succeeds again; policies then fall back to their own counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+# How long to wait before re-polling a worker whose last poll failed: it may simply not
+# serve /get_load (a real SGLang worker of an older version), so don't hammer it.
+FAILED_POLL_BACKOFF_SECS = 2.0
+
+
+def parse_load(body: object) -> int | None:
+    """Queued + running tokens from a `/get_load` JSON body; None when it has no such numbers."""
+    entries = body if isinstance(body, list) else [body]
+    total = 0
+    found = False
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        value = _entry_load(entry)
+        if value is not None:
+            total += value
+            found = True
+    return total if found else None
+
+
+def _entry_load(entry: dict[str, object]) -> int | None:
+    waiting, running = entry.get("num_waiting_tokens"), entry.get("num_running_tokens")
+    if _is_num(waiting) or _is_num(running):
+        return int((waiting if _is_num(waiting) else 0) + (running if _is_num(running) else 0))  # type: ignore[operator]
+    for key in ("num_tokens", "load"):
+        value = entry.get(key)
+        if _is_num(value):
+            return int(value)  # type: ignore[arg-type]
+    return None
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass
+class _Worker:
+    routed: int = 0  # prompt tokens routed to it, ever (monotonic)
+    reported: int | None = None  # last /get_load answer; None: unknown
+    routed_at_poll: int = 0  # `routed` when the answered poll was sent
+    polls_ok: int = 0
+    polls_failed: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+class LoadMonitor:
+    """Polls `/get_load` of every added worker every `interval` seconds, one task per worker
+    (a slow worker never delays another's numbers)."""
+
+    def __init__(self, interval: float = 0.1, timeout: float = 2.0) -> None:
+        self.interval = interval
+        self.timeout = timeout
+        self._workers: dict[str, _Worker] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._running = False
+
+    # ---------------------------------------------------------------- workers
+    def add_worker(self, url: str) -> None:
+        if url in self._workers:
+            return
+        w = self._workers[url] = _Worker()
+        if self._running:
+            w.task = asyncio.get_running_loop().create_task(self._poll_loop(url, w))
+
+    def remove_worker(self, url: str) -> None:
+        w = self._workers.pop(url, None)
+        if w is not None and w.task is not None:
+            w.task.cancel()
+
+    # -------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._client = httpx.AsyncClient(timeout=self.timeout)
+        self._running = True
+        loop = asyncio.get_running_loop()
+        for url, w in self._workers.items():
+            w.task = loop.create_task(self._poll_loop(url, w))
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = [w.task for w in self._workers.values() if w.task is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        for w in self._workers.values():
+            w.task = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ---------------------------------------------------------------- reading
+    def note_routed(self, url: str, tokens: int) -> None:
+        w = self._workers.get(url)
+        if w is not None:
+            w.routed += tokens
+
+    def load(self, url: str) -> int | None:
+        """Reported queued + running tokens plus tokens routed since that poll; None if unknown."""
+        w = self._workers.get(url)
+        if w is None or w.reported is None:
+            return None
+        return w.reported + (w.routed - w.routed_at_poll)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "load_polls_ok": float(sum(w.polls_ok for w in self._workers.values())),
+            "load_polls_failed": float(sum(w.polls_failed for w in self._workers.values())),
+        }
+
+    # ---------------------------------------------------------------- polling
+    async def poll_once(self, url: str) -> bool:
+        """Poll one worker now; True when it answered with a load."""
+        w = self._workers.get(url)
+        if w is None:
+            return False
+        client = self._client
+        owned = client is None
+        if client is None:
+            client = httpx.AsyncClient(timeout=self.timeout)
+        mark = w.routed
+        try:
+            resp = await client.get(f"{url}/get_load")
+            value = parse_load(resp.json()) if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.debug("load poll of %s failed: %s", url, exc)
+            value = None
+        finally:
+            if owned:
+                await client.aclose()
+        if value is None:
+            w.reported = None
+            w.polls_failed += 1
+            return False
+        w.reported, w.routed_at_poll = value, mark
+        w.polls_ok += 1
+        return True
+
+    async def _poll_loop(self, url: str, w: _Worker) -> None:
+        while self._running and self._workers.get(url) is w:
+            ok = await self.poll_once(url)
+            await asyncio.sleep(self.interval if ok else max(self.interval, FAILED_POLL_BACKOFF_SECS))

@@ -1,0 +1,288 @@
+"""Forwarding one request to a worker: choice, retries, failure accounting, passthrough.
+
+    pick a candidate (policy for generation routes, least in-flight for the rest)
+      └─ send; the worker's answer head arrives
+           ├─ connection error / error before the head / retryable status (408, 429, 5xx)
+           │     -> count the failure (circuit, health probe), back off, retry on another worker
+           ├─ non-streaming: read the body (an error while reading is retried too), send it
+           └─ streaming 200: from here bytes reach the client, so no more retries; chunks are
+                 forwarded as they arrive; if the worker dies mid-stream the client gets an SSE
+                 error event and `data: [DONE]`, and the response ends
+
+The request body is forwarded byte for byte (it was parsed only to route it). Every wait
+is bounded: connect and each read by `--request-timeout-secs`, the queue by its timeout.
+A client that goes away closes the upstream connection, which aborts the worker's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from sgl.router.metrics import RouterMetrics
+from sgl.router.policies.base import Policy, RouteRequest
+from sgl.router.registry import Registry, Worker
+from sgl.router.retry import RetryOptions, retryable_status
+
+logger = logging.getLogger("sgl.router")
+
+DONE = b"data: [DONE]\n\n"
+OK, FAILED, CLIENT_CLOSED = 200, 502, 499  # how a stream ended (also its metrics status)
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"})
+
+
+def error_body(message: str, type: str, code: int | str | None = None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, as the workers answer it (sgl/server/errors.py)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                   408: "timeout_error", 429: "rate_limit_error", 503: "service_unavailable"}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse(error_body(message, kind, status, param), status_code=status)
+
+
+def sse_error(message: str) -> bytes:
+    return b"data: " + json.dumps(error_body(message, "server_error", 502), separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass
+class Forward:
+    """One request to forward."""
+
+    method: str
+    path: str  # worker path, with the query string
+    route: str  # metrics label
+    body: bytes | None
+    headers: dict[str, str]
+    stream: bool = False
+    route_req: RouteRequest | None = None  # set for generation routes: the policy chooses
+    on_finish: Callable[[], None] | None = None  # runs once, when the answer has fully left
+
+
+class NoWorkers(Exception):
+    pass
+
+
+class Proxy:
+    def __init__(self, registry: Registry, policy: Policy, client: httpx.AsyncClient, retry: RetryOptions,
+                 metrics: RouterMetrics, on_connect_error: Callable[[str], None], timeout: float) -> None:
+        self.registry = registry
+        self.policy = policy
+        self.client = client
+        self.retry = retry
+        self.metrics = metrics
+        self.on_connect_error = on_connect_error
+        self.timeout = timeout
+
+    def _choose(self, fwd: Forward, tried: list[str]) -> Worker:
+        cands = self.registry.candidates(exclude=tried)
+        if not cands:
+            n = len(self.registry.all())
+            raise NoWorkers("no workers registered" if n == 0 else
+                            f"none of the {n} worker(s) is healthy (health checks or circuit breaker)")
+        if fwd.route_req is None or len(cands) == 1:
+            return min(cands, key=lambda w: w.state.in_flight) if fwd.route_req is None else cands[0]
+        chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
+        return self.registry.get(chosen.url) or cands[0]
+
+    def _done(self, fwd: Forward, w: Worker, ok: bool, error: str | None = None) -> None:
+        w.state.in_flight -= 1
+        w.requests_total += 1
+        w.circuit.record(ok)
+        if not ok:
+            w.failures_total += 1
+            w.last_error = error or w.last_error
+        self.metrics.worker_requests.labels(w.url, "ok" if ok else "error").inc()
+        if fwd.route_req is not None:
+            try:
+                self.policy.on_done(fwd.route_req, w.state, ok)
+            except Exception:  # a policy bug must not fail the request
+                logger.exception("policy.on_done failed")
+
+    async def forward(self, fwd: Forward) -> Response:
+        """The worker's answer as a response; never raises for worker trouble."""
+        t0 = time.perf_counter()
+        tried: list[str] = []
+        last = "no attempt"
+        finish_here = True
+        try:
+            for attempt in range(self.retry.max_attempts):
+                if attempt:
+                    self.metrics.retries.labels(fwd.route).inc()
+                    await asyncio.sleep(self.retry.delay_secs(attempt))
+                try:
+                    w = self._choose(fwd, tried)
+                except NoWorkers as e:
+                    return self._final(fwd, t0, error_response(503, f"{e}; last error: {last}"
+                                                               if tried else str(e)))
+                tried.append(w.url)
+                w.state.in_flight += 1
+                resp, err = await self._send(fwd, w)
+                if resp is None:
+                    last = f"{w.url}: {err}"
+                    continue
+                if retryable_status(resp.status_code) and attempt + 1 < self.retry.max_attempts:
+                    body = await _read_quietly(resp)
+                    self._done(fwd, w, resp.status_code < 500, f"answered {resp.status_code}")
+                    last = f"{w.url} answered {resp.status_code}: {body[:200].decode(errors='replace')}"
+                    continue
+                if fwd.stream and resp.status_code == 200:
+                    finish_here = False
+                    return _Passthrough(resp, lambda end, err, w=w: self._stream_done(fwd, w, t0, end, err))
+                try:
+                    body = await resp.aread()
+                except httpx.HTTPError as e:
+                    await resp.aclose()
+                    self._done(fwd, w, False, _describe(e))
+                    last = f"{w.url}: {_describe(e)} while reading the answer"
+                    continue
+                self._done(fwd, w, resp.status_code < 500)
+                return self._final(fwd, t0, Response(body, resp.status_code, _answer_headers(resp, fwd)))
+            return self._final(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
+        finally:
+            if finish_here and fwd.on_finish is not None:
+                fwd.on_finish()
+
+    async def _send(self, fwd: Forward, w: Worker) -> tuple[httpx.Response | None, str | None]:
+        req = self.client.build_request(fwd.method, w.url + fwd.path, content=fwd.body, headers=fwd.headers,
+                                        timeout=self.timeout)
+        try:
+            return await self.client.send(req, stream=True), None
+        except (httpx.HTTPError, OSError) as e:
+            msg = _describe(e)
+            self._done(fwd, w, False, msg)
+            if isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+                self.on_connect_error(w.url)
+            logger.info("request to %s failed before its answer: %s", w.url, msg)
+            return None, msg
+
+    def _final(self, fwd: Forward, t0: float, resp: Response) -> Response:
+        self.metrics.observe(fwd.route, resp.status_code, time.perf_counter() - t0)
+        return resp
+
+    def _stream_done(self, fwd: Forward, w: Worker, t0: float, end: int, error: str | None) -> None:
+        # A client that left is not the worker's failure.
+        self._done(fwd, w, end != FAILED, error)
+        if end == FAILED:
+            self.on_connect_error(w.url)
+        self.metrics.observe(fwd.route, end, time.perf_counter() - t0)
+        if fwd.on_finish is not None:
+            fwd.on_finish()
+
+    async def fan_out(self, method: str, path: str, headers: dict[str, str]) -> list[tuple[str, int, Any]]:
+        """The same call to every worker at once: (url, status or 0, parsed body or error text)."""
+        async def one(w: Worker) -> tuple[str, int, Any]:
+            try:
+                r = await self.client.request(method, w.url + path, headers=headers, timeout=self.timeout)
+            except httpx.HTTPError as e:
+                return w.url, 0, _describe(e)
+            try:
+                return w.url, r.status_code, r.json()
+            except ValueError:
+                return w.url, r.status_code, r.text
+
+        return list(await asyncio.gather(*(one(w) for w in self.registry.all())))
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def _read_quietly(resp: httpx.Response) -> bytes:
+    try:
+        return await resp.aread()
+    except httpx.HTTPError:
+        return b""
+    finally:
+        await resp.aclose()
+
+
+def _answer_headers(resp: httpx.Response, fwd: Forward) -> dict[str, str]:
+    out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+    rid = fwd.headers.get("x-request-id")
+    if rid:
+        out["x-request-id"] = rid
+    return out
+
+
+class _Passthrough(Response):
+    """Streams the worker's bytes to the client as they arrive (no buffering, no parsing).
+
+    Ends with an SSE error event + `data: [DONE]` if the worker's stream breaks, and closes
+    the upstream connection (so the worker aborts) if the client leaves first.
+    """
+
+    def __init__(self, upstream: httpx.Response, done: Callable[..., None]) -> None:
+        self.upstream = upstream
+        self.done = done
+        self.status_code = upstream.status_code
+        self.background = None
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome: list[Any] = [CLIENT_CLOSED, None]
+        streamer = asyncio.ensure_future(self._stream(send, outcome))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({streamer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (streamer, watcher):
+                t.cancel()
+            await asyncio.gather(streamer, watcher, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self.upstream.aclose()
+            self.done(*outcome)
+
+    async def _stream(self, send: Send, outcome: list[Any]) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        tail = b"\n\n"
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                if chunk:
+                    tail = chunk[-2:]
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            outcome[:] = [OK, None]
+        except httpx.HTTPError as e:
+            msg = f"worker stream failed: {_describe(e)}"
+            logger.warning("%s (%s)", msg, self.upstream.request.url)
+            outcome[:] = [FAILED, msg]
+            # Finish a frame cut in half, so the error event parses as its own frame.
+            lead = b"" if tail == b"\n\n" else (b"\n" if tail.endswith(b"\n") else b"\n\n")
+            await send({"type": "http.response.body", "body": lead + sse_error(msg) + DONE, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def read_json(request: Request) -> tuple[bytes, dict[str, Any]]:
+    """The raw body and its JSON object; ValueError for a body that is not a JSON object."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise ValueError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    return raw, body
+
