@@ -26,6 +26,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -228,10 +229,28 @@ def _kill_descendants() -> None:
             os.waitpid(pid, 0)
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding host:port fails now (as uvicorn binds: SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def run(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> int:
     """Run the replica set until a signal or a child's exit; the launcher's exit status."""
     if args.dp_size < 1:
         parser.error("--dp-size must be >= 1")
+    # Checked before anything starts: a foreign server on a worker's port would otherwise
+    # answer our health checks and be put behind the router.
+    busy = [p for p in range(args.port, args.port + args.dp_size + 1) if port_in_use(args.host, p)]
+    if busy:
+        parser.error(f"--dp-size {args.dp_size} --port {args.port} needs ports {args.port}..{args.port + args.dp_size} "
+                     f"free on {args.host} (router, then one per worker); in use: {', '.join(map(str, busy))}")
     commands = plan(args, argv, parser)
     log.info("replica set: %d workers on %s, router on %s:%d (policy %s)", args.dp_size,
              " ".join(commands["urls"]), args.host, args.port, args.router_policy)
