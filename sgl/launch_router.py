@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     level = "warning" if cfg.log_level == "warn" else cfg.log_level
     logging.basicConfig(stream=sys.stderr, level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per proxied call would cost more than the proxying; the router logs failures itself.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()  # no *_created series: dashboards do not read them
     import uvicorn
 
     from sgl.router.app import create_app

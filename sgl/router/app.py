@@ -1,5 +1,5 @@
-"""The router's state and lifecycle: `Router` (workers, policy, HTTP client, health checks,
-admission, metrics, tokenizer, discovery) and `create_app(config)`, the FastAPI app.
+"""The router's state and lifecycle: `Router` (workers, policy, HTTP clients, health checks,
+admission, metrics, tokenizer, discovery) and `create_app(config)`, the ASGI app.
 
 Startup: the policy starts, each `--worker-urls` worker gets up to
 `--worker-startup-timeout-secs` to pass its first health check (in parallel; one that does
@@ -20,8 +20,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import httpx
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sgl.router.admission import Admission
@@ -60,6 +61,7 @@ class Router:
         self.tokenizer: Any = None
         self._bg: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
+        self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.proxy: Proxy | None = None
         self._discovery: Any = None
@@ -69,15 +71,19 @@ class Router:
 
     async def start(self) -> None:
         cfg = self.cfg
-        # Keep-alive pool sized for many concurrent streams; no pool wait limit beyond the timeout.
-        self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                                             keepalive_expiry=60),
-                                        timeout=httpx.Timeout(cfg.request_timeout_secs))
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_secs))  # control calls
         self.health = HealthChecker(self.registry, self.client, endpoint=cfg.health_check_endpoint,
                                     timeout=cfg.health_check_timeout_secs, interval=cfg.health_check_interval_secs,
                                     failure_threshold=cfg.health_failure_threshold,
                                     success_threshold=cfg.health_success_threshold, headers=self.worker_headers)
-        self.proxy = Proxy(self.registry, self.policy, self.client,
+        # The request path's pool: keep-alive, no connection cap (admission limits concurrency),
+        # connect and each read bounded by the request timeout; bytes pass undecoded.
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_secs,
+                                          sock_read=cfg.request_timeout_secs),
+            auto_decompress=False)
+        self.proxy = Proxy(self.registry, self.policy, self.session, self.client,
                            RetryOptions(cfg.max_attempts, cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms,
                                         cfg.retry_backoff_multiplier, cfg.retry_jitter_factor),
                            self.metrics, self._on_connect_error, cfg.request_timeout_secs)
@@ -106,6 +112,8 @@ class Router:
             await self.policy.stop()
         if self.client is not None:
             await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
 
     def spawn(self, aw: Any) -> None:
         task = asyncio.get_running_loop().create_task(aw)
@@ -248,24 +256,24 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(cfg: RouterConfig, policy: Policy | None = None) -> FastAPI:
+def create_app(cfg: RouterConfig, policy: Policy | None = None) -> Starlette:
     """A ready-to-serve router app for `cfg` (its policy made from `cfg.policy` unless given)."""
     from sgl.router import routes
 
     router = Router(cfg, policy)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await router.start()
         try:
             yield
         finally:
             await router.stop()
 
-    app = FastAPI(title="sgl router", version=__version__, lifespan=lifespan,
-                  description="Routes SGLang-native and OpenAI requests across sgl (or SGLang) workers")
+    # Plain Starlette (FastAPI's core): bodies are forwarded raw, so there is nothing to
+    # validate, and skipping FastAPI's per-request dependency machinery keeps the overhead low.
+    app = Starlette(routes=routes.ROUTES, lifespan=lifespan, exception_handlers=routes.EXCEPTION_HANDLERS)
     app.state.router = router
-    routes.register(app)
     if cfg.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=cfg.api_key)
     return app

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 from sgl.router.admission import Rejected
 from sgl.router.app import Router, __version__
@@ -182,14 +183,23 @@ async def metrics(request: Request) -> Response:
     return Response(_router(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-def register(app: FastAPI) -> None:
-    post: dict[str, Any] = {"/generate": generate, "/v1/completions": completions,
-                            "/v1/chat/completions": chat_completions, "/flush_cache": flush_cache,
-                            "/add_worker": add_worker, "/remove_worker": remove_worker}
-    get: dict[str, Any] = {"/v1/models": models, "/get_model_info": model_info, "/health_generate": health_generate,
-                           "/get_server_info": server_info, "/health": health, "/workers": workers,
-                           "/list_workers": list_workers, "/metrics": metrics}
-    for path, fn in post.items():
-        app.add_api_route(path, fn, methods=["POST"])
-    for path, fn in get.items():
-        app.add_api_route(path, fn, methods=["GET"])
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", "error")
+    if status == 404:
+        detail = f"no route {request.url.path} on the router"
+    elif status == 405:
+        detail = f"method {request.method} not allowed on {request.url.path}"
+    return error_response(status, str(detail))
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {404: _http_error, 405: _http_error}
+
+_POST: dict[str, Any] = {"/generate": generate, "/v1/completions": completions,
+                         "/v1/chat/completions": chat_completions, "/flush_cache": flush_cache,
+                         "/add_worker": add_worker, "/remove_worker": remove_worker}
+_GET: dict[str, Any] = {"/v1/models": models, "/get_model_info": model_info, "/health_generate": health_generate,
+                        "/get_server_info": server_info, "/health": health, "/workers": workers,
+                        "/list_workers": list_workers, "/metrics": metrics}
+ROUTES = ([Route(p, fn, methods=["POST"]) for p, fn in _POST.items()]
+          + [Route(p, fn, methods=["GET"]) for p, fn in _GET.items()])
