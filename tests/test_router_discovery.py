@@ -10,12 +10,21 @@ watch protocol to the real client (no mocked client).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 kubernetes = pytest.importorskip("kubernetes", reason="install the router-k8s extra")
@@ -114,9 +123,11 @@ def test_selector_is_required_and_joined_in_a_stable_order():
 
 class ApiServer:
     """A loopback HTTP server answering pod list / watch requests from a script: each
-    request takes the next (status, body lines, hold) entry, and is recorded."""
+    request takes the next (status, body lines, then) entry, and is recorded. `then`: False
+    ends the response, True holds it open (a quiet watch), a queue streams the lines put
+    into it until None (a live watch)."""
 
-    def __init__(self, script: list[tuple[int, list[str], bool]]):
+    def __init__(self, script: list[tuple[int, list[str], bool | queue.Queue]]):
         self.script = list(script)
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.release = threading.Event()
@@ -137,7 +148,12 @@ class ApiServer:
                     data = line.encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()
-                if hold:  # an open watch with nothing new to say
+                if isinstance(hold, queue.Queue):
+                    while (line := hold.get()) is not None:
+                        data = line.encode() + b"\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                elif hold:  # an open watch with nothing new to say
                     owner.release.wait(30)
                 self.wfile.write(b"0\r\n\r\n")
 
@@ -224,3 +240,88 @@ def test_all_namespaces_without_a_namespace():
         server.close()
     assert added == [W0]
     assert [p for p, _ in server.requests] == ["/api/v1/pods", "/api/v1/pods"]
+
+
+# -- the router finds a real worker through discovery ------------------------------------
+
+
+def _pod_at(event_or_pod: dict, ip: str) -> dict:
+    pod = copy.deepcopy(event_or_pod)
+    pod["status"]["podIP"], pod["status"]["podIPs"] = ip, [{"ip": ip}]
+    return pod
+
+
+def _event(kind: str, pod: dict) -> str:
+    return json.dumps({"type": kind, "object": pod})
+
+
+def _list_workers(router_url: str) -> list[str]:
+    try:
+        return httpx.get(router_url + "/list_workers", timeout=5).json()["urls"]
+    except httpx.HTTPError:
+        return ["(router not up)"]
+
+
+def _wait_for(fn, want, what: str, bound: float = 120):
+    deadline = time.time() + bound  # a bound on waiting, not a timing assertion
+    while time.time() < deadline:
+        if (got := fn()) == want:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: still {got!r}, want {want!r}")
+
+
+@pytest.mark.server
+@pytest.mark.timeout(600)
+def test_router_adds_and_removes_a_real_worker_as_its_pod_turns_ready_and_not():
+    pytest.importorskip("sgl.launch_router", reason="the router is on another branch")
+    from tests.server_proc import REPO, free_port, group_pids, start_server
+
+    worker = start_server("--max-total-tokens", "4096")
+    port = int(worker.url.rsplit(":", 1)[1])
+    pods = json.loads((DATA / "list_48400.json").read_text())
+    ready = _pod_at(pods["items"][0], "127.0.0.1")
+    not_ready = _pod_at(json.loads(lines("rollout.jsonl")[8])["object"], "127.0.0.1")
+    pods["items"] = [ready]
+    live: queue.Queue = queue.Queue()
+    api = ApiServer([(200, [json.dumps(pods)], False), (200, [], live)])
+    kubeconfig = tempfile.NamedTemporaryFile("w", suffix=".kubeconfig", delete=False)
+    kubeconfig.write(json.dumps({  # JSON is YAML: a kubeconfig for the local API server
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": api.url}}],
+        "users": [{"name": "local", "user": {}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "local"}}]}))
+    kubeconfig.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}  # not in-cluster
+    router_url = f"http://127.0.0.1:{free_port()}"
+    router = subprocess.Popen(
+        [sys.executable, "-m", "sgl.launch_router", "--host", "127.0.0.1", "--port", router_url.rsplit(":", 1)[1],
+         "--service-discovery", "--selector", "app=sgl-worker", "--service-discovery-namespace", "sgl",
+         "--service-discovery-port", str(port), "--policy", "round_robin"],
+        cwd=REPO, env={**env, "KUBECONFIG": kubeconfig.name, "PYTHONPATH": REPO}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: _list_workers(router_url), [worker.url], "discovered from the list")
+        r = httpx.post(router_url + "/generate", timeout=120,
+                       json={"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4, r.text
+        live.put(_event("MODIFIED", not_ready))  # readiness probe failed
+        _wait_for(lambda: _list_workers(router_url), [], "removed when not Ready")
+        live.put(_event("MODIFIED", ready))
+        _wait_for(lambda: _list_workers(router_url), [worker.url], "back when Ready")
+        live.put(_event("DELETED", ready))
+        _wait_for(lambda: _list_workers(router_url), [], "removed when DELETED")
+        q = api.requests
+        assert [r[1].get("watch") for r in q] == [None, "true"] and q[1][1]["resourceVersion"] == "48400"
+    finally:
+        live.put(None)
+        router.send_signal(signal.SIGTERM)
+        try:
+            router.wait(30)
+        except subprocess.TimeoutExpired:
+            router.kill()
+        for pid in group_pids(router.pid):
+            os.kill(pid, signal.SIGKILL)
+        api.close()
+        worker.stop()
+        os.unlink(kubeconfig.name)
