@@ -195,3 +195,30 @@ def test_a_worker_that_dies_takes_the_set_down_with_a_non_zero_exit():
         _cleanup(proc)
     out = _read(log)
     assert re.search(r"replica set: worker \d exited with \d+; stopped the rest", out), out[-4000:]
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode() for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_serving_takes_the_set_down_and_its_engine_processes_with_it():
+    port = _free_run(3)
+    proc, log = _launch("--dp-size", "2", "--max-total-tokens", "4096", port=port)
+    try:
+        deadline = time.time() + 600
+        while "replica set ready" not in _read(log):
+            assert proc.poll() is None and time.time() < deadline, _read(log)[-4000:]
+            time.sleep(0.5)
+        (victim,) = [p for p in group_pids(proc.pid)
+                     if _cmdline(p)[1:3] == ["-m", "sgl.launch_server"] and str(port + 2) in _cmdline(p)]
+        os.kill(victim, signal.SIGKILL)  # its engine process is orphaned: the launcher must reap it
+        assert _wait_gone(proc, 120) == 1, _read(log)[-4000:]
+        assert group_pids(proc.pid) == []
+    finally:
+        _cleanup(proc)
+    assert "worker 1 exited with -9; stopped the rest" in _read(log)
