@@ -107,6 +107,8 @@ def test_info_endpoints(http, workers):
     assert info["model_path"] and info["is_generation"] is True
     si = http.get("/get_server_info").json()
     assert si["router"]["policy"] == "cache_aware" and si["router"]["config"]["api_key"] == "***"
+    # The router fetched the workers' tokenizer (with its key): chats are routed on the rendered template.
+    assert si["router"]["chat_routing"] == "template"
     assert sorted(w["url"] for w in si["workers"]) == sorted(w.url for w in workers)
     assert all(w["server_info"]["max_total_tokens"] == 4096 for w in si["workers"])
     assert si["max_total_tokens"] == 4096  # the first worker's info at the top, as SGLang clients read it
@@ -206,6 +208,22 @@ def test_queue_full_429(workers):
                 assert "".join(chunks).rstrip().endswith("data: [DONE]")
             assert queued.result().status_code == 200  # it got the slot when the stream ended
             assert 'sgl_router_admission_rejected_total{reason="queue_full"} 1.0' in c.get("/metrics").text
+    finally:
+        r.stop()
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "random", "power_of_two", "kv_aware"])
+def test_other_policies_route(workers, policy):
+    r = start_router("--worker-urls", *[w.url for w in workers], "--policy", policy, api_key=KEY)
+    try:
+        with httpx.Client(base_url=r.url, headers=r.headers(), timeout=120) as c:
+            for i in range(3):
+                g = c.post("/generate", json={"text": f"Hello {i}", "sampling_params": {"max_new_tokens": 2}})
+                assert g.status_code == 200, g.text
+            chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                        "max_tokens": 2})
+            assert chat.status_code == 200, chat.text
+            assert f'sgl_router_requests_total{{route="/generate",status="200"}} 3.0' in c.get("/metrics").text
     finally:
         r.stop()
 

@@ -58,7 +58,8 @@ class Router:
         self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size, cfg.queue_timeout_secs)
         self.metrics = RouterMetrics(self.snapshot)
         self.worker_headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-        self.tokenizer: Any = None
+        self.tokenizer: Any = None  # sgl.router.tokenizer.RouterTokenizer, once fetched
+        self._fetching_tokenizer = False
         self._bg: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -71,7 +72,8 @@ class Router:
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_secs))  # control calls
+        # Control calls (health, fan-out, tokenizer); they carry the workers' key, if any.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_secs), headers=self.worker_headers)
         self.health = HealthChecker(self.registry, self.client, endpoint=cfg.health_check_endpoint,
                                     timeout=cfg.health_check_timeout_secs, interval=cfg.health_check_interval_secs,
                                     failure_threshold=cfg.health_failure_threshold,
@@ -176,12 +178,19 @@ class Router:
     async def ensure_tokenizer(self) -> None:
         """Fetch the chat template / tokenizer from the first worker that serves one; chat
         routing uses the rendered conversation once it is here, the joined contents before."""
-        if self.tokenizer is not None:
+        if self.tokenizer is not None or self._fetching_tokenizer:
             return
         try:
             from sgl.router.tokenizer import fetch_tokenizer
         except ImportError:
             return
+        self._fetching_tokenizer = True
+        try:
+            await self._fetch_tokenizer(fetch_tokenizer)
+        finally:
+            self._fetching_tokenizer = False
+
+    async def _fetch_tokenizer(self, fetch_tokenizer: Any) -> None:
         for w in self.registry.healthy():
             try:
                 tok = await _maybe_await(fetch_tokenizer(self.client, w.url))

@@ -111,7 +111,8 @@ async def server_info(request: Request) -> Response:
     for w in router.registry.all():
         workers.append({**w.describe(), "server_info": infos.get(w.url)})
     first = next((infos[w.url] for w in router.registry.all() if w.url in infos), {})
-    out = {**first, "router": {"version": __version__, "policy": router.policy.name, "config": router.cfg.public()},
+    out = {**first, "router": {"version": __version__, "policy": router.policy.name, "config": router.cfg.public(),
+                               "chat_routing": "template" if router.tokenizer is not None else "contents"},
            "workers": workers}
     return JSONResponse(out)
 
