@@ -31,7 +31,7 @@ def parse(argv: list[str] | None = None) -> RouterConfig:
     args = parser.parse_args(argv)
     try:
         cfg = from_args(args)
-        from sgl.router.app import policy_options
+        from sgl.router.state import policy_options
 
         policy_options(cfg)  # the policy's own checks (cache_threshold in [0, 1], ...) as usage errors
     except ValueError as e:

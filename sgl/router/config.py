@@ -181,7 +181,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         group = groups.get(f.metadata["group"]) or parser.add_argument_group(f.metadata["group"])
         groups[f.metadata["group"]] = group
         t = _field_type(f.name)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
         shown = " ".join(default) if isinstance(default, list) else default
         help = f"{f.metadata['help']} (default: {shown if shown not in ('', {}) else 'none'})"
         flag = "--" + flag_name(f.name)

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sgl.router.admission import Rejected
-from sgl.router.app import Router, __version__
+from sgl.router.state import Router, __version__
 from sgl.router.metrics import CONTENT_TYPE
 from sgl.router.proxy import Forward, error_response, read_json
 from sgl.router.route_input import route_request
