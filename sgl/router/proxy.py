@@ -5,7 +5,8 @@
            ├─ connection error / error before the head / retryable status (408, 429, 5xx)
            │     -> count the failure (circuit, health probe), back off, retry on another worker
            ├─ non-streaming: read the body (an error while reading is retried too), send it
-           └─ streaming 200: from here bytes reach the client, so no more retries; chunks are
+           └─ streaming 200: wait for the first chunk (an error before it is retried too), then
+                 bytes reach the client, so no more retries; chunks are
                  forwarded as they arrive; if the worker dies mid-stream the client gets an SSE
                  error event and `data: [DONE]`, and the response ends
 
@@ -189,10 +190,13 @@ class Proxy:
                 settled = True
                 self._done(fwd, w, resp.status < 500, f"answered {resp.status}")
                 return f"answered {resp.status}: {body[:200].decode(errors='replace')}"
-            if fwd.stream and resp.status == 200:
-                settled = True  # the passthrough settles it when the stream ends
-                return _Passthrough(resp, fwd, lambda end, err: self._stream_done(fwd, w, t0, end, err))
             try:
+                if fwd.stream and resp.status == 200:
+                    # A worker sends the head at once and the first frame after the prefill: wait
+                    # for that frame here, so a worker that dies in between is still retried.
+                    first = await resp.content.readany()
+                    settled = True  # the passthrough settles it when the stream ends
+                    return _Passthrough(resp, fwd, first, lambda end, err: self._stream_done(fwd, w, t0, end, err))
                 body = await resp.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 resp.close()
@@ -271,8 +275,10 @@ class _Passthrough(Response):
     the upstream connection (so the worker aborts) if the client leaves first.
     """
 
-    def __init__(self, upstream: aiohttp.ClientResponse, fwd: Forward, done: Callable[..., None]) -> None:
+    def __init__(self, upstream: aiohttp.ClientResponse, fwd: Forward, first: bytes,
+                 done: Callable[..., None]) -> None:
         self.upstream = upstream
+        self.first = first
         self.done = done
         self.status_code = upstream.status
         self.background = None
@@ -296,8 +302,10 @@ class _Passthrough(Response):
 
     async def _stream(self, send: Send, outcome: list[Any]) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        tail = b"\n\n"
+        tail = self.first[-2:] if self.first else b"\n\n"
         try:
+            if self.first:
+                await send({"type": "http.response.body", "body": self.first, "more_body": True})
             async for chunk in self.upstream.content.iter_any():
                 if chunk:
                     tail = chunk[-2:]
