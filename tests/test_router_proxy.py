@@ -263,3 +263,20 @@ def test_no_workers_503():
         assert 'sgl_router_requests_total{route="/generate",status="503"} 1.0' in text
     finally:
         r.stop()
+
+
+def test_dead_worker_without_health_checks_retries_then_502_and_opens_circuit():
+    dead = "http://127.0.0.1:9"  # nothing listens on the discard port
+    r = start_router("--worker-urls", dead, "--disable-health-check", "--retry-max-retries", "3",
+                     "--retry-initial-backoff-ms", "1", "--cb-failure-threshold", "3")
+    try:
+        assert httpx.get(r.url + "/workers").json()["healthy"] == [dead]  # no startup check either
+        g = httpx.post(r.url + "/generate", json={"text": "Hi"})
+        assert g.status_code == 502 and "all 3 attempt(s) failed" in g.json()["error"]["message"]
+        text = httpx.get(r.url + "/metrics").text
+        assert 'sgl_router_retries_total{route="/generate"} 2.0' in text
+        assert f'sgl_router_circuit_state{{worker="{dead}"}} 1.0' in text  # 3 failures opened it
+        g = httpx.post(r.url + "/generate", json={"text": "Hi"})
+        assert g.status_code == 503 and "circuit" in g.json()["error"]["message"]
+    finally:
+        r.stop()

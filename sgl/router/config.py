@@ -95,7 +95,8 @@ class RouterConfig:
     health_check_timeout_secs: float = _f(5.0, "seconds one check may take", H)
     health_check_interval_secs: float = _f(60.0, "seconds between checks of each worker", H)
     health_check_endpoint: str = _f("/health", "worker path that answers 200 when healthy", H)
-    disable_health_check: bool = _f(False, "no periodic checks (workers leave rotation only by their circuit)", H)
+    disable_health_check: bool = _f(False, "no health checks, at startup or periodic (workers leave rotation "
+                                           "only by their circuit breaker)", H)
     # metrics and logging
     prometheus_port: int | None = _f(None, "also serve /metrics on this port, without auth (default: only on "
                                            "the main port; sglang-router's default is 29000)", M)

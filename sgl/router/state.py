@@ -124,16 +124,17 @@ class Router:
     # ---- workers --------------------------------------------------------------------------
 
     async def add_worker(self, url: str, startup: bool = False) -> tuple[Worker | None, str | None]:
-        """Wait for `url`'s first good health check, then put it in rotation. At startup a
-        worker that never passes is still registered (out of rotation) so checks can bring
-        it in; later (add_worker, discovery) it is not registered and the reason returned."""
+        """Wait for `url`'s first good health check (none with --disable-health-check), then
+        put it in rotation. At startup a worker that never passes is still registered (out of
+        rotation) so checks can bring it in; later (add_worker, discovery) it is not
+        registered and the reason is returned."""
         assert self.client is not None
         url = normalize_url(url)
         if url in self.registry:
             return self.registry.get(url), None
-        err = await wait_healthy(self.client, url, self.cfg.health_check_endpoint,
-                                 self.cfg.health_check_timeout_secs, self.cfg.worker_startup_timeout_secs,
-                                 self.worker_headers)
+        err = None if self.cfg.disable_health_check else await wait_healthy(
+            self.client, url, self.cfg.health_check_endpoint, self.cfg.health_check_timeout_secs,
+            self.cfg.worker_startup_timeout_secs, self.worker_headers)
         if err is not None and not startup:
             return None, err
         if url in self.registry:  # added concurrently
