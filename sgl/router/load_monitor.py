@@ -48,18 +48,18 @@ def parse_load(body: object) -> int | None:
 
 
 def _entry_load(entry: dict[str, object]) -> int | None:
-    waiting, running = entry.get("num_waiting_tokens"), entry.get("num_running_tokens")
-    if _is_num(waiting) or _is_num(running):
-        return int((waiting if _is_num(waiting) else 0) + (running if _is_num(running) else 0))  # type: ignore[operator]
+    waiting, running = _num(entry.get("num_waiting_tokens")), _num(entry.get("num_running_tokens"))
+    if waiting is not None or running is not None:
+        return int((waiting or 0) + (running or 0))
     for key in ("num_tokens", "load"):
-        value = entry.get(key)
-        if _is_num(value):
-            return int(value)  # type: ignore[arg-type]
+        value = _num(entry.get(key))
+        if value is not None:
+            return int(value)
     return None
 
 
-def _is_num(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _num(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
 @dataclass
