@@ -82,7 +82,7 @@ def offset_endpoint(endpoint: str | None, dp_rank: int | None) -> str | None:
         return endpoint
     if endpoint.startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")
-        if port.isdigit():
+        if port.isdigit() and int(port):  # a wildcard port (0 or *) stays one
             return f"{base}:{int(port) + dp_rank}"
         return endpoint
     return f"{endpoint}_dp{dp_rank}"
