@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ import zmq
 
 from sgl.kv_events.hashing import page_hashes
 from sgl.radix import RadixTree, TreeNode
-from tests.server_proc import REPO, ServerProc, free_port, start_server
+from tests.server_proc import REPO, ServerProc, free_port, group_pids, start_server
 
 # ----------------------------------------------------------------- vLLM's format, declared here
 
@@ -367,7 +368,7 @@ def test_worker_snapshot_reports_kv_events(tmp_path: Any) -> None:
 
 # ---------------------------------------------------------------------------- the real server
 
-POOL = 512  # small, so that a few prompts evict the first ones
+POOL = 256  # small, so that a few prompts evict the first ones
 
 
 @pytest.fixture(scope="module")
@@ -443,3 +444,22 @@ def test_server_prompt_pages_eviction_flush_and_replay(server: tuple[ServerProc,
     assert [s for s, _ in got[:n]] == list(range(start, len(st.payloads)))
     assert [p for _, p in got[:n]] == st.payloads[start:]
     assert st.batches[0].ts <= st.batches[-1].ts
+
+
+@pytest.mark.server
+@pytest.mark.model
+def test_server_stops_cleanly_and_frees_the_event_ports(server: tuple[ServerProc, Stream, dict]) -> None:
+    srv, st, cfg = server
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=60) in (0, -signal.SIGTERM), srv.log()[-3000:]
+    assert "did not stop cleanly" not in srv.log()
+    deadline = time.monotonic() + 15
+    while group_pids(srv.proc.pid) and time.monotonic() < deadline:  # the worker exits after the API process
+        time.sleep(0.2)
+    assert group_pids(srv.proc.pid) == [], "a worker outlived the server"
+    ctx = zmq.Context()
+    try:  # nothing lingers on the addresses: they bind again at once
+        for ep in (cfg["endpoint"], cfg["replay_endpoint"]):
+            ctx.socket(zmq.PUB).bind(ep)
+    finally:
+        ctx.destroy(linger=0)
