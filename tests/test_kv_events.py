@@ -142,7 +142,7 @@ class Stream:
         self.batches.append(batch)
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                assert ev.block_size == self.page_size and ev.lora_id is None and ev.medium == "cpu"
+                assert ev.block_size == self.page_size and ev.lora_id is None and ev.medium in ("cpu", "gpu")
                 assert len(ev.token_ids) == len(ev.block_hashes) * self.page_size
                 assert ev.parent_block_hash is None or ev.parent_block_hash in self.held
                 parent = 0 if ev.parent_block_hash is None else ev.parent_block_hash
@@ -219,9 +219,8 @@ def test_publisher_wire_sequence_replay_and_heartbeat(ctx: zmq.Context) -> None:
         assert pub.endpoint.startswith("tcp://*:") and pub.endpoint[-1] != "0"  # wildcard port resolved
         port = pub.endpoint.rpartition(":")[2]
         st = subscribe_until_live(ctx, pub, f"tcp://127.0.0.1:{port}", pub.replay_endpoint.replace("*", "127.0.0.1"))
-        stored = wire.BlockStored(block_hashes=[7, 8], parent_block_hash=None, token_ids=list(range(32)),
-                                  block_size=16, lora_id=None, medium="cpu")
-        stored.block_hashes = page_hashes(list(range(32)), 16)
+        stored = wire.BlockStored(block_hashes=page_hashes(list(range(32)), 16), parent_block_hash=None,
+                                  token_ids=list(range(32)), block_size=16, lora_id=None, medium="cpu")
         pub.publish([stored])
         pub.publish([wire.BlockRemoved(block_hashes=stored.block_hashes, medium="cpu"), wire.AllBlocksCleared()])
         st.wait(lambda: st.clears == 1, "the two batches")

@@ -83,8 +83,8 @@ class TreeObserver(Protocol):
     def node_split(self, prefix: TreeNode, tail: TreeNode) -> None:
         """An edge was cut: ``prefix`` (new, the head tokens) now has the old node ``tail`` as its child."""
 
-    def node_evicted(self, node: TreeNode) -> None:
-        """``node`` (a leaf) was evicted; its tokens are no longer cached."""
+    def node_evicted(self, node: TreeNode, parent: TreeNode) -> None:
+        """``node`` (a leaf, now detached) was evicted from under ``parent``; its tokens are no longer cached."""
 
     def tree_reset(self) -> None:
         """Everything was dropped (``reset``)."""
@@ -261,7 +261,7 @@ class RadixTree:
             self._evictable -= len(node.key)
             freed += len(node.key)
             if self.observer is not None:
-                self.observer.node_evicted(node)
+                self.observer.node_evicted(node, parent)
             if parent is not self.root and parent.lock_ref == 0 and parent.is_leaf():
                 self._push(parent)
         return freed

@@ -95,7 +95,7 @@ class PageTracker:
         self._nodes[prefix] = _Pages(prefix_end, pages.hashes[:k], last)
         pages.hashes = pages.hashes[k:]
 
-    def node_evicted(self, node: TreeNode) -> None:
+    def node_evicted(self, node: TreeNode, parent: TreeNode) -> None:
         pages = self._nodes.pop(node)
         if not pages.hashes:
             return
