@@ -214,9 +214,9 @@ def test_publisher_wire_sequence_replay_and_heartbeat(ctx: zmq.Context) -> None:
     from sgl.kv_events import wire
     from sgl.runtime.kv_events.publisher import ZmqEventPublisher
 
-    pub = ZmqEventPublisher(settings(endpoint="tcp://*:0", replay_endpoint="tcp://*:0"), data_parallel_rank=3)
+    pub = ZmqEventPublisher(settings(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"), data_parallel_rank=3)
     try:
-        assert pub.endpoint.startswith("tcp://*:") and pub.endpoint[-1] != "0"  # wildcard port resolved
+        assert pub.endpoint.startswith("tcp://127.0.0.1:") and pub.endpoint[-1] != "0"  # port 0 resolved
         port = pub.endpoint.rpartition(":")[2]
         st = subscribe_until_live(ctx, pub, f"tcp://127.0.0.1:{port}", pub.replay_endpoint.replace("*", "127.0.0.1"))
         stored = wire.BlockStored(block_hashes=page_hashes(list(range(32)), 16), parent_block_hash=None,
@@ -246,7 +246,7 @@ def test_publisher_wire_sequence_replay_and_heartbeat(ctx: zmq.Context) -> None:
 def test_publisher_full_queue_drops_oldest_as_visible_gaps(ctx: zmq.Context) -> None:
     from sgl.runtime.kv_events.publisher import ZmqEventPublisher
 
-    pub = ZmqEventPublisher(settings(endpoint="tcp://*:0", max_queue_size=4), heartbeat_s=3600)
+    pub = ZmqEventPublisher(settings(endpoint="tcp://127.0.0.1:0", max_queue_size=4), heartbeat_s=3600)
     st = Stream(ctx, pub.endpoint.replace("*", "127.0.0.1"), None, 16)
     seqs: list[int] = []
     while not seqs:  # probes until the subscription has joined
@@ -269,7 +269,8 @@ def test_publisher_full_queue_drops_oldest_as_visible_gaps(ctx: zmq.Context) -> 
 def test_publisher_connects_to_a_binding_subscriber_and_frees_its_port(ctx: zmq.Context) -> None:
     from sgl.runtime.kv_events.publisher import ZmqEventPublisher, binds
 
-    assert binds("tcp://*:1") and binds("tcp://0.0.0.0:1") and binds("ipc:///tmp/x") and not binds("tcp://10.0.0.1:1")
+    assert binds("tcp://*:1") and binds("tcp://0.0.0.0:1") and binds("ipc:///tmp/x") and binds("tcp://127.0.0.1:1")
+    assert binds("tcp://localhost:1") and not binds("tcp://10.0.0.1:1")
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt_string(zmq.SUBSCRIBE, "")
@@ -283,7 +284,7 @@ def test_publisher_connects_to_a_binding_subscriber_and_frees_its_port(ctx: zmq.
     # Closed means closed: the same address binds again at once.
     port2, port3 = free_port(), free_port()
     for _ in range(2):
-        ZmqEventPublisher(settings(endpoint=f"tcp://*:{port2}", replay_endpoint=f"tcp://*:{port3}")).close()
+        ZmqEventPublisher(settings(endpoint=f"tcp://127.0.0.1:{port2}", replay_endpoint=f"tcp://127.0.0.1:{port3}")).close()
 
 
 # ------------------------------------------------------------ the real scheduler, fake model
@@ -307,7 +308,7 @@ def test_scheduler_workload_events_match_the_tree(ctx: zmq.Context) -> None:
     from tests.test_scheduler import make
 
     s, _ = make(num_slots=160, max_running=8, chunk=24)  # tiny pool: evictions, chunking, retractions
-    stream = KVEventStream(settings(endpoint="tcp://*:0", replay_endpoint="tcp://*:0"), s.kv.tree, page_size=4)
+    stream = KVEventStream(settings(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0"), s.kv.tree, page_size=4)
     try:
         st = subscribe_until_live(ctx, stream.publisher, stream.publisher.endpoint.replace("*", "127.0.0.1"),
                                   stream.publisher.replay_endpoint.replace("*", "127.0.0.1"), page_size=4)
@@ -352,11 +353,11 @@ def test_worker_snapshot_reports_kv_events(tmp_path: Any) -> None:
         assert build_kv_events(EngineConfig.from_kwargs(), s, "cpu") is None
         assert serve._snapshot()["kv_events"] is None
         port = free_port()
-        cfg = EngineConfig.from_kwargs(kv_events_config=json.dumps({"endpoint": f"tcp://*:{port}"}),
+        cfg = EngineConfig.from_kwargs(kv_events_config=json.dumps({"endpoint": f"tcp://127.0.0.1:{port}"}),
                                        page_size=32, data_parallel_rank=2)
         serve.kv_events = build_kv_events(cfg, s, "cpu")
         assert serve._snapshot()["kv_events"] == {
-            "endpoint": f"tcp://*:{port + 2}", "replay_endpoint": None, "topic": "kv-events", "page_size": 32,
+            "endpoint": f"tcp://127.0.0.1:{port + 2}", "replay_endpoint": None, "topic": "kv-events", "page_size": 32,
             "data_parallel_rank": 2, "heartbeat_s": 1.0, "dropped_batches": 0}
         assert s.kv.tree.observer is serve.kv_events.tracker
     finally:
@@ -373,7 +374,7 @@ POOL = 256  # small, so that a few prompts evict the first ones
 @pytest.fixture(scope="module")
 def server():
     port, replay_port = free_port(), free_port()
-    cfg = {"publisher": "zmq", "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}",
+    cfg = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
            "topic": TOPIC, "enable_kv_cache_events": True}
     srv = start_server("--max-total-tokens", str(POOL), "--kv-events-config", json.dumps(cfg))
     ctx = zmq.Context()

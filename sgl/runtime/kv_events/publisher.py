@@ -43,14 +43,19 @@ log = logging.getLogger("sgl.kv_events")
 END_SEQ = encode_seq(-1)
 LINGER_MS = 500  # on close: time for the last batches to leave, never a hang
 _WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
+_LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 
 
 def binds(endpoint: str) -> bool:
-    """Whether the PUB socket binds `endpoint` (else it connects), by vLLM's rule."""
+    """Whether the PUB socket binds `endpoint` (else it connects to a subscriber that binds).
+
+    vLLM's rule (wildcard host, ipc, inproc: bind) plus loopback hosts: a worker that
+    publishes to subscribers on its own machine only binds 127.0.0.1, never every interface.
+    """
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
     host = endpoint.split("://", 1)[-1].rpartition(":")[0]
-    return host in _WILDCARD_HOSTS
+    return host in _WILDCARD_HOSTS or host in _LOOPBACK_HOSTS or host.startswith("127.")
 
 
 class ZmqEventPublisher:
