@@ -271,11 +271,12 @@ def test_publisher_connects_to_a_binding_subscriber_and_frees_its_port(ctx: zmq.
 
     assert binds("tcp://*:1") and binds("tcp://0.0.0.0:1") and binds("ipc:///tmp/x") and binds("tcp://127.0.0.1:1")
     assert binds("tcp://localhost:1") and not binds("tcp://10.0.0.1:1")
+    assert not binds("tcp://127.0.0.1:1", connect=True) and binds("tcp://10.0.0.1:1", connect=False)
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt_string(zmq.SUBSCRIBE, "")
     port = sub.bind_to_random_port("tcp://127.0.0.1")
-    pub = ZmqEventPublisher(settings(endpoint=f"tcp://127.0.0.1:{port}", topic=""), heartbeat_s=0.05)
+    pub = ZmqEventPublisher(settings(endpoint=f"tcp://127.0.0.1:{port}", topic="", connect=True), heartbeat_s=0.05)
     assert sub.poll(30_000), "the heartbeat reaches a subscriber that binds"
     topic, seq, payload = sub.recv_multipart()
     assert topic == b"" and DECODER.decode(payload).events == []

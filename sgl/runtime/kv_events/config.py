@@ -29,6 +29,7 @@ class KVEventsSettings:
     buffer_steps: int = 10_000  # batches kept for replay
     hwm: int = 100_000  # ZMQ send high-water mark of the PUB socket, in messages
     max_queue_size: int = 100_000  # batches waiting for the sender thread before the oldest is dropped
+    connect: bool | None = None  # ours: force connect (true) or bind (false); null = by the endpoint's host
 
     @property
     def enabled(self) -> bool:
@@ -38,6 +39,7 @@ class KVEventsSettings:
 _TYPES: dict[str, tuple[type, ...]] = {
     "publisher": (str, type(None)), "endpoint": (str,), "replay_endpoint": (str, type(None)), "topic": (str,),
     "enable_kv_cache_events": (bool,), "buffer_steps": (int,), "hwm": (int,), "max_queue_size": (int,),
+    "connect": (bool, type(None)),
 }
 
 

@@ -46,12 +46,15 @@ _WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
 _LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 
 
-def binds(endpoint: str) -> bool:
+def binds(endpoint: str, connect: bool | None = None) -> bool:
     """Whether the PUB socket binds `endpoint` (else it connects to a subscriber that binds).
 
     vLLM's rule (wildcard host, ipc, inproc: bind) plus loopback hosts: a worker that
     publishes to subscribers on its own machine only binds 127.0.0.1, never every interface.
+    The config's `connect` key (ours) overrides the rule either way.
     """
+    if connect is not None:
+        return not connect
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
     host = endpoint.split("://", 1)[-1].rpartition(":")[0]
@@ -82,7 +85,7 @@ class ZmqEventPublisher:
             self._pub.setsockopt(zmq.SNDHWM, settings.hwm)
             endpoint = offset_endpoint(settings.endpoint, data_parallel_rank)
             assert endpoint is not None
-            if binds(endpoint):
+            if binds(endpoint, settings.connect):
                 self._pub.bind(endpoint)
                 endpoint = _resolved(endpoint, self._pub)
             else:
