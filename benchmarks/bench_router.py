@@ -203,6 +203,17 @@ async def overhead(direct: str, routed: str, pairs: int) -> dict[str, float]:
     return {"direct_p50_ms": d * 1e3, "router_p50_ms": r * 1e3, "overhead_p50_ms": (r - d) * 1e3}
 
 
+def router_stats(base: str) -> dict[str, float]:
+    """Our router's policy numbers (`sgl_router_<stat>{policy=...}` gauges) from /metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=10.0, trust_env=False).text
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("sgl_router_") and "{policy=" in name:
+            out[name.split("{")[0][len("sgl_router_"):]] = float(value)
+    return out
+
+
 # -- main -------------------------------------------------------------------------------
 
 
@@ -251,6 +262,7 @@ def main() -> int:
             try:
                 with router_proc(kind, policy, urls) as router:
                     res = asyncio.run(run_workload(router.url, reqs, systems, args.max_tokens))  # type: ignore[attr-defined]
+                    res["policy_stats"] = router_stats(router.url) if kind == "sgl" else {}  # type: ignore[attr-defined]
                     res["overhead"] = asyncio.run(overhead(urls[0], router.url, args.overhead_pairs))  # type: ignore[attr-defined]
             except ProcFailed as e:
                 print(f"{name} FAILED: {e}", flush=True)
@@ -260,6 +272,8 @@ def main() -> int:
             print(f"  {name}: hit {res['hit_rate']:.3f}, {res['req_s']:.2f} req/s, TTFT p50 {res['ttft_p50']:.3f} s"
                   f" p99 {res['ttft_p99']:.3f} s, errors {res['errors']}, overhead p50"
                   f" {res['overhead']['overhead_p50_ms']:.2f} ms", flush=True)
+            if res["policy_stats"]:
+                print("    policy: " + ", ".join(f"{k}={v:g}" for k, v in sorted(res["policy_stats"].items())))
     rows = []
     rr = results.get("sgl round_robin", {})
     for name, r in results.items():
