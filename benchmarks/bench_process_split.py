@@ -30,11 +30,9 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +43,15 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import shared_prefix_prompts  # noqa: E402
 from common import cpu_model, print_table, write_json  # noqa: E402
+from procs import Proc, ProcFailed, free_port  # noqa: E402
+
+ServerFailed = ProcFailed
 
 import torch  # noqa: E402  (already loaded by common; here only for thread info)
 
 REPO = Path(__file__).resolve().parent.parent
 BEFORE_COMMIT = "283ed7c"  # the last commit before the process split
 DEFAULT_BEFORE = Path("/tmp/sgl-before-split")
-STOP_GRACE_S = 30.0
 WITHIN = 0.05  # the issue's bar: tp 1 after may be at most 5% slower than before
 
 
@@ -63,17 +63,7 @@ class System:
     required: bool = True  # a failing required system ends the run; tp2 only marks its row
 
 
-class ServerFailed(RuntimeError):
-    """A server did not come up or broke during a workload; the message carries its log tail."""
-
-
 # -- servers ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_before_tree(arg: str | None) -> Path:
@@ -90,88 +80,16 @@ def ensure_before_tree(arg: str | None) -> Path:
     return path
 
 
-class Server:
-    """One launch_server subprocess in its own process group, so stopping it also stops
-    the worker processes it started (and nothing of ours)."""
-
-    def __init__(self, system: System, start_timeout: float) -> None:
-        self.system, self.start_timeout = system, start_timeout
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        fd, log = tempfile.mkstemp(prefix=f"sgl-{system.name}-", suffix=".log")
-        os.close(fd)
-        self.log = Path(log)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Server:
-        cmd = [sys.executable, "-m", "sgl.launch_server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--max-total-tokens", "65536", "--no-access-log", "--log-level", "warning",
-               *self.system.extra_args]
-        # The venv's editable install points at /work/main; PYTHONPATH picks this system's tree.
-        env = {**os.environ, "PYTHONPATH": str(self.system.tree)}
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=self.system.tree, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        if exc[0] is None:
-            self.log.unlink(missing_ok=True)
-
-    def _wait_healthy(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout
-        with httpx.Client(trust_env=False, timeout=5.0) as c:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise ServerFailed(f"{self.system.name}: server exited with code {self.proc.returncode}"
-                                       f" while starting\n{self.tail()}")
-                try:
-                    if c.get(f"{self.url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass  # not listening yet
-                time.sleep(0.5)
-        raise ServerFailed(f"{self.system.name}: no healthy /health within {self.start_timeout:.0f} s\n{self.tail()}")
-
-    def stop(self) -> None:
-        if self.proc is None or (self.proc.returncode is not None and not _group_alive(self.proc.pid)):
-            return
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            print(f"  {self.system.name}: still running {STOP_GRACE_S:.0f} s after SIGTERM to its group; SIGKILL")
-        # Workers that outlived their parent would steal the next system's cores.
-        _signal_group(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        return f"--- last {len(text)} lines of {self.log} ---\n" + "\n".join(text)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def server_proc(system: System, start_timeout: float) -> Proc:
+    """One launch_server subprocess of `system`'s tree, in its own process group."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "sgl.launch_server", "--host", "127.0.0.1", "--port", str(port),
+           "--max-total-tokens", "65536", "--no-access-log", "--log-level", "warning", *system.extra_args]
+    # The venv's editable install points at /work/main; PYTHONPATH picks this system's tree.
+    proc = Proc(system.name, cmd, f"http://127.0.0.1:{port}/health", cwd=system.tree,
+                env={"PYTHONPATH": str(system.tree)}, start_timeout=start_timeout)
+    proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return proc
 
 
 # -- workloads -------------------------------------------------------------------------
@@ -242,7 +160,7 @@ async def run_streams(client: httpx.AsyncClient, base: str, n: int, tokens: int)
             "completion_tokens": total, "expected_tokens": n * tokens}
 
 
-async def measure(system: System, server: Server, args: argparse.Namespace, pass_no: int) -> list[dict[str, Any]]:
+async def measure(system: System, server: Proc, args: argparse.Namespace, pass_no: int) -> list[dict[str, Any]]:
     limits = httpx.Limits(max_connections=max(args.requests, args.streams) + 4, max_keepalive_connections=None)
     prompts = shared_prefix_prompts(args.requests)
     reps: list[dict[str, Any]] = []
@@ -272,7 +190,7 @@ def run_system(system: System, args: argparse.Namespace, pass_no: int) -> list[d
     print(f"\n{system.name}: starting ({system.tree}{' ' + ' '.join(system.extra_args) if system.extra_args else ''})",
           flush=True)
     t0 = time.perf_counter()
-    with Server(system, args.start_timeout) as server:
+    with server_proc(system, args.start_timeout) as server:
         print(f"  up in {time.perf_counter() - t0:.1f} s on {server.url}", flush=True)
         try:
             return asyncio.run(measure(system, server, args, pass_no))

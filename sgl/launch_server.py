@@ -6,10 +6,12 @@ Engine flags (--model-path, --dtype, --max-total-tokens, --schedule-policy,
 process-wide settings (--regex-backend, --disable-cpu-ops, --no-grammar-disk-cache, ...)
 are generated from `sgl.runtime.config`; a setting given here is exported as its
 environment variable, so every module of this process reads it through `settings()`.
-Server flags are --host, --port, --api-key, --served-model-name, --log-level. Without --model-path the embedded
-SmolLM2-135M-Instruct is served. SIGINT/SIGTERM stop accepting connections, let
-in-flight requests finish for --graceful-shutdown-timeout seconds, abort the rest, then
-stop the engine and its worker processes. If a worker dies, in-flight requests fail with
+Server flags are --host, --port, --api-key, --served-model-name, --log-level. Without
+--model-path the embedded SmolLM2-135M-Instruct is served. `--dp-size N` starts N such
+servers on --port+1 .. --port+N and a router on --port (sgl/server/replica_set.py).
+SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for
+--graceful-shutdown-timeout seconds, abort the rest, then stop the engine and its worker
+processes. If a worker dies, in-flight requests fail with
 its cause, /health answers 503, and the server exits non-zero after a few seconds.
 Multi-node: `--nnodes N --node-rank K --dist-init-addr HOST:PORT` on every machine;
 node 0 serves HTTP, the others only host their tensor-parallel ranks.
@@ -26,6 +28,7 @@ import time
 from typing import Any
 
 from sgl.runtime.config import EngineConfig, Settings, add_cli_args, export, given
+from sgl.server import replica_set
 
 
 # Seconds a server whose worker died keeps answering 503 before it exits.
@@ -53,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds in-flight requests get to finish on shutdown before being aborted")
     p.add_argument("--no-access-log", action="store_true", help="do not log one JSON line per request")
     add_cli_args(p)
+    replica_set.add_cli_args(p)
     return p
 
 
@@ -75,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     setup_logging(args.log_level, not args.no_access_log)
+    if args.dp_size != 1:  # N workers and a router, each its own process (sgl/server/replica_set.py)
+        sys.exit(replica_set.run(args, sys.argv[1:] if argv is None else argv, parser))
     cfg = EngineConfig.from_kwargs(**kwargs)
     if cfg.node_rank != 0:  # this machine only hosts ranks; node 0 serves HTTP
         sys.exit(run_worker_node(cfg))

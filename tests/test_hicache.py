@@ -149,3 +149,32 @@ def test_host_pool_copies_roundtrip() -> None:
     assert len(blob) == host.page_nbytes
     host.fill(4, blob)
     assert torch.equal(host.buf[4], host.buf[2])
+
+
+def test_kv_events_follow_the_device_tree_through_demotion_and_promotion() -> None:
+    """With KV events and the hierarchical cache both on, a subscriber replaying the
+    events holds exactly the full pages of the device tree after every request: demotion
+    is announced as the eviction it is, a promoted prefix as a new insert, host pages never."""
+    from sgl.kv_events.wire import BlockStored
+    from sgl.runtime.kv_events.pages import PageTracker
+    from tests.test_kv_event_pages import Subscriber, full_pages
+
+    s, fake = make(num_slots=160, host_pages=64)
+    tracker = PageTracker(PAGE)
+    s.kv.tree.observer = tracker
+    sub = Subscriber(PAGE)
+    stored_again = 0
+    announced: set[int] = set()
+    for i, prompt in enumerate(workload()):
+        _, out = run_one(s, f"r{i}", prompt)
+        assert out.output_ids == expected_output(prompt, 6)
+        events = tracker.take_events()
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                stored_again += len(announced & set(ev.block_hashes))
+                announced |= set(ev.block_hashes)
+        sub.apply(events)
+        assert sub.held == full_pages(s.kv.tree, PAGE) == tracker.held_hashes()
+    snap = s.snapshot()
+    assert snap["hicache_pages_demoted"] + snap["hicache_pages_stored"] > 0 and snap["hicache_host_hit_tokens"] > 0
+    assert stored_again > 0  # pages evicted to host and loaded back were announced again

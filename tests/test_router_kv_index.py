@@ -369,3 +369,28 @@ def test_kv_aware_worker_without_events_is_approximate(info_servers: list[InfoSe
             await policy.stop()
 
     run(body)
+
+
+def test_kv_aware_counts_pages_in_flight_before_their_events(info_servers: list[InfoServer]) -> None:
+    """A tenant's second request, arriving while its first is still being prefilled (no
+    BlockStored yet), goes to the same worker instead of being spread by load."""
+
+    async def body() -> None:
+        ctx, pubs, policy, (a, b) = await _setup(info_servers)
+        try:
+            await until(lambda: policy.is_precise(a.url) and policy.is_precise(b.url), "both streams live")
+            first = policy.select(REQ, [a, b])
+            other = b if first is a else a
+            assert policy.cached_tokens(REQ, [a.url, b.url]) == {first.url: 80, other.url: 0}
+            second = RouteRequest("/generate", "", PROMPT + [7, 8, 9])
+            assert policy.select(second, [a, b]) is first
+            # The worker evicts page 4 meanwhile: its word beats the prediction.
+            await (pubs[0] if first is a else pubs[1]).publish([BlockRemoved(page_hashes(PROMPT, PAGE)[4:], "cpu")])
+            await until(lambda: policy.cached_tokens(REQ, [first.url])[first.url] == 64, "removal overrides")
+            policy.on_done(REQ, first, True)
+            policy.on_done(second, first, True)
+            await until(lambda: policy.cached_tokens(REQ, [first.url])[first.url] == 0, "forgotten after the grace")
+        finally:
+            await _teardown(ctx, pubs, policy)
+
+    run(body)

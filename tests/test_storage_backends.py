@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from sgl.kv_events.hashing import page_hashes
 from sgl.runtime.memory.storage import PageStore, make_backend
 from sgl.runtime.memory.storage.codec import HEADER_SIZE, decode_page, encode_page, namespace_for, page_key
-from tests.redis_proc import RedisProc, ensure_redis_server, free_port, start_redis
+from tests.redis_proc import RedisProc, free_port, start_redis
 
 NS = namespace_for("test/model-a", "bfloat16", 4, 1, 0)
 NS_B = namespace_for("test/model-b", "bfloat16", 4, 1, 0)
@@ -273,9 +274,6 @@ def test_file_clear_touches_only_its_namespace(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- redis
-redis = pytest.importorskip("redis")
-
-
 @pytest.fixture(scope="module")
 def redis_srv():
     srv = start_redis()
@@ -357,7 +355,6 @@ def test_redis_ttl_and_max_bytes_reach_the_server(redis_srv):
 
 
 def test_redis_unreachable_at_start_misses_without_touching_the_network(caplog):
-    ensure_redis_server()
     url = f"redis://127.0.0.1:{free_port()}"  # nothing listens there
     with caplog.at_level(logging.WARNING, logger="sgl.runtime.memory.storage.redis"):
         store = redis_store(url, retry_interval_s=3600)

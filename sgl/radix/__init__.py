@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from sgl.radix.tree import MatchResult, RadixTree, TreeNode
+from sgl.radix.tree import MatchResult, RadixTree, TreeNode, TreeObserver
 
-__all__ = ["MatchResult", "RadixTree", "TreeNode"]
+__all__ = ["MatchResult", "RadixTree", "TreeNode", "TreeObserver"]

@@ -25,6 +25,12 @@ gone, locked, no longer a leaf, or was touched since, and is skipped when popped
 a leaf is freed and its parent becomes an unlocked leaf, the parent is pushed and may be
 evicted in the same call. Nodes are never re-merged after eviction; that only costs a
 dict hop.
+
+Observers. ``tree.observer`` (default None) is told of every structural change: a leaf
+added by ``insert``, an edge split, a node evicted, the tree reset. It sees nodes, not
+slots, and must not change the tree; with no observer the only cost is one attribute
+test per change. (The worker's KV-event publisher is one: it turns the token-granular
+tree into fixed-size page events.)
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["MatchResult", "RadixTree", "TreeNode"]
+__all__ = ["MatchResult", "RadixTree", "TreeNode", "TreeObserver"]
 
 _ids = itertools.count()
 
@@ -67,6 +74,22 @@ class MatchResult:
     last_node: TreeNode
 
 
+class TreeObserver(Protocol):
+    """Told of each structural change, after it happened (see the module docstring)."""
+
+    def node_added(self, node: TreeNode) -> None:
+        """``insert`` attached the new leaf ``node`` under ``node.parent``."""
+
+    def node_split(self, prefix: TreeNode, tail: TreeNode) -> None:
+        """An edge was cut: ``prefix`` (new, the head tokens) now has the old node ``tail`` as its child."""
+
+    def node_evicted(self, node: TreeNode, parent: TreeNode) -> None:
+        """``node`` (a leaf, now detached) was evicted from under ``parent``; its tokens are no longer cached."""
+
+    def tree_reset(self) -> None:
+        """Everything was dropped (``reset``)."""
+
+
 def _common_len(a: Sequence[int], b: Sequence[int], start: int) -> int:
     """Length of the common prefix of ``a`` and ``b[start:]``."""
     n = min(len(a), len(b) - start)
@@ -85,6 +108,7 @@ class RadixTree:
 
     def __init__(self, disable: bool = False) -> None:
         self.disable = disable
+        self.observer: TreeObserver | None = None
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -96,6 +120,8 @@ class RadixTree:
         self._clock = 0
         self._num_nodes = 0  # excluding the root; bounds the lazy heap's garbage
         self._heap: list[tuple[int, int, TreeNode]] = []
+        if self.observer is not None:
+            self.observer.tree_reset()
 
     def evictable_size(self) -> int:
         return self._evictable
@@ -166,6 +192,8 @@ class RadixTree:
                 self._num_nodes += 1
                 self._evictable += len(leaf.key)
                 self._push(leaf)
+                if self.observer is not None:
+                    self.observer.node_added(leaf)
                 return pos
             k = _common_len(child.key, key, pos)
             if k < len(child.key) and pos + k < len(key):
@@ -232,6 +260,8 @@ class RadixTree:
             self._num_nodes -= 1
             self._evictable -= len(node.key)
             freed += len(node.key)
+            if self.observer is not None:
+                self.observer.node_evicted(node, parent)
             if parent is not self.root and parent.lock_ref == 0 and parent.is_leaf():
                 self._push(parent)
         return freed
@@ -299,6 +329,8 @@ class RadixTree:
         prefix.children[node.key[0]] = node
         parent.children[prefix.key[0]] = prefix
         self._num_nodes += 1
+        if self.observer is not None:
+            self.observer.node_split(prefix, node)
         return prefix
 
     def _push(self, node: TreeNode) -> None:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sgl.runtime.kv_events.config import parse_kv_events_config
+
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 
 
@@ -85,7 +87,7 @@ class EngineConfig(SharedOptions):
     dist_init_addr: str | None = _f(None, "HOST:PORT where the ranks meet (torch.distributed rendezvous; "
                                           "required when nnodes > 1, default a free loopback port)")
     dist_timeout: float = _f(300.0, "seconds a rank waits for the others to join, and for a collective")
-    page_size: int = _f(16, "tokens per KV page: the block size of KV events (and of the storage tiers later)")
+    page_size: int = _f(16, "tokens per KV page: the block size of KV events and of the host and storage tiers")
     enable_hierarchical_cache: bool = _f(False, "keep KV evicted from the device pool in a host tier (and a storage "
                                                 "tier) and load it back instead of recomputing")
     hicache_ratio: float = _f(2.0, "host tier size as a multiple of the device KV pool (when hicache_size is 0)")
@@ -101,6 +103,12 @@ class EngineConfig(SharedOptions):
     hicache_storage_prefetch_policy: str = _f("best_effort", "how long a request waits for its storage prefetch: "
                                               "best_effort (not at all), wait_complete, timeout",
                                               ("best_effort", "wait_complete", "timeout"))
+    kv_events_config: str | None = _f(None, "publish KV cache events (vLLM's ZMQ/msgpack format) as this JSON "
+                                            "object: publisher (zmq|null), endpoint (tcp://*:5557), replay_endpoint, "
+                                            "topic (kv-events), enable_kv_cache_events, buffer_steps, hwm, "
+                                            "max_queue_size")
+    data_parallel_rank: int | None = _f(None, "this worker's index in a replica set: sent in every KV event batch, "
+                                              "and added to the KV event ports (vLLM's rule)")
 
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
@@ -124,6 +132,9 @@ class EngineConfig(SharedOptions):
             raise ValueError("dist_timeout must be > 0 seconds")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.data_parallel_rank is not None and self.data_parallel_rank < 0:
+            raise ValueError(f"data_parallel_rank must be >= 0, got {self.data_parallel_rank}")
+        parse_kv_events_config(self.kv_events_config)  # ValueError naming --kv-events-config
         self._check_hicache()
         return self
 

@@ -5,7 +5,8 @@ For a request with token ids, each candidate worker W gets
     cost(W) = w * uncached_prefill_tokens(W) + load(W)
 
     uncached_prefill_tokens(W) = num_prompt_tokens - num_cached_tokens(W)
-    num_cached_tokens(W)       = page_size * (leading pages of the prompt's hash chain W holds)
+    num_cached_tokens(W)       = page_size * (leading pages of the prompt's hash chain W holds,
+                                 or is computing now for a request this router sent it)
     load(W)                    = W's queued + running tokens (GET /get_load, polled)
                                  + prompt tokens this router sent W since that poll
 
@@ -44,6 +45,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,7 +53,7 @@ import httpx
 import zmq.asyncio
 
 from sgl.kv_events.hashing import page_hashes
-from sgl.kv_events.wire import AllBlocksCleared, KVEventBatch
+from sgl.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from sgl.router.kv_index import KvIndex
 from sgl.router.kv_subscriber import EventSource, KvEventSubscriber, LocalEventFeed, event_source
 from sgl.router.load_monitor import LoadMonitor
@@ -63,6 +65,9 @@ from sgl.router.policies.simple import CHARS_PER_TOKEN, PolicyBase, prompt_token
 logger = logging.getLogger(__name__)
 
 SERVER_INFO_RETRY_SECS = 1.0
+# A routed request's pages count as held by its worker from routing until this long after it
+# finished; by then its own BlockStored events (sent after its prefill step) have arrived.
+PENDING_GRACE_SECS = 1.0
 
 
 @dataclass
@@ -87,6 +92,10 @@ class KvAwarePolicy(PolicyBase):
         self._workers: dict[str, _Worker] = {}
         self._inflight_tokens: dict[str, int] = {}
         self._routed: dict[tuple[int, str], int] = {}  # (id(req), url) -> prompt tokens
+        # Pages of requests routed but not yet (surely) announced by their worker's events:
+        # url -> page hash -> number of such requests holding it; (id(req), url) -> its hashes.
+        self._pending: dict[str, Counter[int]] = {}
+        self._pending_of: dict[tuple[int, str], list[int]] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._client: httpx.AsyncClient | None = None
         self._evictor: asyncio.Task[None] | None = None
@@ -150,6 +159,7 @@ class KvAwarePolicy(PolicyBase):
         self.trees.remove(url)
         self.monitor.remove_worker(url)
         self._inflight_tokens.pop(url, None)
+        self._pending.pop(url, None)
         if w is not None:
             if w.task is not None:
                 w.task.cancel()
@@ -204,8 +214,12 @@ class KvAwarePolicy(PolicyBase):
         w = self._workers.get(url)
         if w is None:
             return
+        pending = self._pending.get(url)
         for ev in batch.events:
             self.index.apply(url, ev)
+            if pending and isinstance(ev, (BlockStored, BlockRemoved)):
+                for h in ev.block_hashes:  # the worker has spoken about these pages: the index is the truth
+                    pending.pop(h, None)
             if isinstance(ev, AllBlocksCleared):
                 self.trees.clear(url)
                 self.counts["cleared"] += 1
@@ -245,10 +259,25 @@ class KvAwarePolicy(PolicyBase):
                 self.counts["approx_scores"] += 1
         for page_size, group in by_page_size.items():
             assert req.token_ids is not None
-            pages = self.index.match(page_hashes(req.token_ids, page_size), group)
+            hashes = page_hashes(req.token_ids, page_size)
+            pages = self.index.match(hashes, group)
             for url, n in pages.items():
-                out[url] = n * page_size
+                out[url] = max(n, self._pending_pages(url, hashes)) * page_size
         return out
+
+    def _pending_pages(self, url: str, hashes: Sequence[int]) -> int:
+        """Leading pages of `hashes` that requests routed to `url` are computing right now.
+
+        The index learns a prefix only once the worker has prefilled it; without this, a
+        tenant's second request arriving during its first one's prefill would look uncached
+        everywhere and be spread over the workers.
+        """
+        pending = self._pending.get(url)
+        n = 0
+        if pending:
+            while n < len(hashes) and pending[hashes[n]] > 0:
+                n += 1
+        return n
 
     def load(self, url: str) -> int:
         reported = self.monitor.load(url)
@@ -286,11 +315,29 @@ class KvAwarePolicy(PolicyBase):
         self.monitor.note_routed(url, n)
         self._inflight_tokens[url] = self._inflight_tokens.get(url, 0) + n
         self._routed[(id(req), url)] = n
+        if w is not None and w.source is not None and req.token_ids is not None:
+            hashes = page_hashes(req.token_ids, w.source.page_size)
+            self._pending.setdefault(url, Counter()).update(hashes)
+            self._pending_of[(id(req), url)] = hashes
 
     def on_done(self, req: RouteRequest, worker: WorkerState, ok: bool) -> None:
         n = self._routed.pop((id(req), worker.url), 0)
         if worker.url in self._inflight_tokens:
             self._inflight_tokens[worker.url] = max(0, self._inflight_tokens[worker.url] - n)
+        hashes = self._pending_of.pop((id(req), worker.url), None)
+        if hashes is not None:
+            try:
+                asyncio.get_running_loop().call_later(PENDING_GRACE_SECS, self._forget_pending, worker.url, hashes)
+            except RuntimeError:  # no loop (direct use in tests): forget at once
+                self._forget_pending(worker.url, hashes)
+
+    def _forget_pending(self, url: str, hashes: list[int]) -> None:
+        pending = self._pending.get(url)
+        if pending is not None:
+            pending.subtract(hashes)
+            for h in hashes:
+                if pending[h] <= 0:
+                    del pending[h]
 
     async def _evict_loop(self) -> None:
         while True:

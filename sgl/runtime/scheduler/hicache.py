@@ -20,6 +20,15 @@ write_through_selective when a request has hit it `selective_threshold` times on
 device; write_back when it is evicted from the device. Under all but selective, an
 evicted page not yet in host is stored then, so eviction demotes instead of dropping.
 The host tier drops least-recently-used pages (storage keeps its own copy).
+
+KV events (`--kv-events-config`) describe the device tree only: a demotion is the
+device eviction it is (`BlockRemoved` in the device medium), a promotion is the insert
+that follows the load (`BlockStored`). Host and storage pages are not announced: the
+routers that consume these events (ours, sglang-router) index pages by hash and ignore
+`medium`, and a page is often in both tiers at once (write_through), so a host drop's
+`BlockRemoved` would erase a page the device still holds. The page hashes here are the
+events' chain (same root), so a medium-aware consumer can be added later without
+renaming anything (SGLang's names would be "CPU_TIER1" / "CPU_TIER2").
 """
 
 from __future__ import annotations

@@ -162,6 +162,20 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
     )
 
 
+def build_kv_events(cfg: EngineConfig, scheduler: Any, device: str) -> Any:
+    """Rank 0's KV event stream (kv_events/stream.py) over the scheduler's radix tree, or
+    None when `--kv-events-config` leaves events off (then the tree gets no observer)."""
+    from sgl.runtime.kv_events.config import parse_kv_events_config
+
+    settings = parse_kv_events_config(cfg.kv_events_config)
+    if settings is None:
+        return None
+    from sgl.runtime.kv_events.stream import KVEventStream
+
+    return KVEventStream(settings, scheduler.kv.tree, cfg.page_size, cfg.data_parallel_rank,
+                         medium="cpu" if device == "cpu" else "gpu")
+
+
 class LazyGrammarCompiler:
     """Builds the grammar compiler on first use, so workers that never see a constraint
     never import the grammar stack."""

@@ -35,7 +35,7 @@ def threads_per_rank(cfg: EngineConfig) -> int:
 
 
 def main(spec: WorkerSpec) -> int:
-    from sgl.runtime.worker.build import build_rank, build_scheduler, request_table
+    from sgl.runtime.worker.build import build_kv_events, build_rank, build_scheduler, request_table
 
     cfg = EngineConfig.from_kwargs(**spec.config)
     torch.set_num_threads(threads_per_rank(cfg))
@@ -63,6 +63,7 @@ def main(spec: WorkerSpec) -> int:
         assert serve is not None
         serve.scheduler = build_scheduler(cfg, rm, peers)
         serve.peers = peers
+        serve.kv_events = build_kv_events(cfg, serve.scheduler, rm.device)
         serve.send_now(Ready(
             max_total_tokens=rm.max_total_tokens, dtype=str(next(rm.model.parameters()).dtype).replace("torch.", ""),
             device=rm.device, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
@@ -72,6 +73,7 @@ def main(spec: WorkerSpec) -> int:
         log.exception("rank %d failed to start", spec.rank)
         if serve is not None:
             serve.send_now(Crashed(f"rank {spec.rank} failed to start: {type(e).__name__}: {e}"))
+            serve.close_kv_events()
             serve.ctx.destroy(linger=5000)
         return 1
     return serve.run()

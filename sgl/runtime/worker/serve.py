@@ -5,7 +5,10 @@ Two threads. The reader thread pulls `ToWorker` messages (ipc/messages.py) and p
 in the scheduler's inbox; it also notices a vanished parent (the worker then stops). The
 scheduler thread runs the loop and, after every iteration, sends what it produced: one
 `Outputs` message for all the requests that emitted, and the replies to control calls.
-Only that thread touches the outgoing socket.
+Only that thread touches the outgoing socket. With KV events on, the same thread hands
+the iteration's page events to the publisher (one batch per iteration that had any) and
+closes it on the way out; the `snapshot` call reports where they are published
+(`kv_events`, null when off).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class Serve:
         out.connect(out_addr)
         self.outbox = Outbox(out)
         self.stop = threading.Event()
+        self.kv_events: Any = None  # kv_events/stream.KVEventStream when --kv-events-config is on
 
     def send_now(self, msg: Ready | Crashed) -> None:
         self.outbox.sock.send(encode(msg))
@@ -128,6 +132,7 @@ class Serve:
         self.scheduler.run_forever(self.stop, after_iteration=self._after_iteration)
         self.scheduler.close()  # the storage tier finishes its queued writes
         reason = self.scheduler.crash_reason
+        self.close_kv_events()
         if reason is None:
             self.outbox.flush()
         else:  # the API process fails every request itself: aborts sent first would race it
@@ -139,7 +144,14 @@ class Serve:
         self.ctx.destroy(linger=5000)
         return 1 if reason is not None else 0
 
+    def close_kv_events(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
+
     def _after_iteration(self) -> None:
+        if self.kv_events is not None:  # before the outputs: a router sees the pages before the reply
+            self.kv_events.flush()
         self.outbox.flush()
         if self.peers is not None and not self.scheduler.has_work():
             self.peers.keepalive()
@@ -167,6 +179,11 @@ class Serve:
             elif isinstance(msg, Call):
                 self._call(msg)
 
+    def _snapshot(self) -> dict[str, Any]:
+        # kv_events belongs to the worker, not the scheduler: where its pages are published.
+        events = self.kv_events
+        return {**CALLS["snapshot"](self.scheduler), "kv_events": None if events is None else events.info()}
+
     def _call(self, msg: Call) -> None:
         if msg.name == "shutdown":
             def shutdown() -> int:
@@ -174,6 +191,8 @@ class Serve:
                 self.stop.set()
                 return n
             fn: Callable[[], Any] = shutdown
+        elif msg.name == "snapshot":
+            fn = self._snapshot
         elif msg.name in CALLS:
             fn = lambda: CALLS[msg.name](self.scheduler, *msg.args)  # noqa: E731
         else:

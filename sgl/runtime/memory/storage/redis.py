@@ -87,7 +87,8 @@ class RedisBackend:
 
     # -- connection state ----------------------------------------------------------------
     def _connect(self) -> bool:
-        self._n["connect_attempts"] += 1
+        with self._lock:
+            self._n["connect_attempts"] += 1
         self._client.ping()
         if self.max_bytes is not None and not self._configured:
             self._configured = True

@@ -1,0 +1,64 @@
+"""`python -m sgl.launch_router`: one HTTP front for N sgl (or SGLang) workers.
+
+    python -m sgl.launch_router --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002 \\
+        --policy cache_aware --port 30000
+
+Flags are generated from `sgl.router.config.RouterConfig` (sglang-router's names where the
+concept is the same). SIGINT/SIGTERM stop accepting connections and let in-flight
+requests finish for a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from sgl.router.config import RouterConfig, add_cli_args, from_args
+
+GRACEFUL_SHUTDOWN_SECS = 10
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sgl.launch_router", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(p)
+    return p
+
+
+def parse(argv: list[str] | None = None) -> RouterConfig:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = from_args(args)
+        from sgl.router.state import policy_options
+
+        policy_options(cfg)  # the policy's own checks (cache_threshold in [0, 1], ...) as usage errors
+    except ValueError as e:
+        parser.error(str(e))
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse(argv)
+    level = "warning" if cfg.log_level == "warn" else cfg.log_level
+    logging.basicConfig(stream=sys.stderr, level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per proxied call would cost more than the proxying; the router logs failures itself.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()  # no *_created series: dashboards do not read them
+    import uvicorn
+
+    from sgl.router.app import create_app
+
+    app = create_app(cfg)
+    logging.getLogger("sgl.router").info("router (%s) on http://%s:%d in front of %d worker(s)", cfg.policy,
+                                         cfg.host, cfg.port, len(cfg.worker_urls))
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=level, access_log=False, log_config=None,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The router's options: one frozen `RouterConfig` whose fields (help text, default, CLI
+group) generate `python -m sgl.launch_router`'s flags, so each option is declared once.
+
+Flag names are sglang-router's where the concept is the same (`--worker-urls`,
+`--cache-threshold`, `--retry-max-retries`, `--cb-failure-threshold`, ...); defaults are
+sglang-router 0.3.2's except where a field's help says otherwise (`--host` binds loopback,
+the Prometheus port is off unless given: /metrics is always on the main port).
+
+    field `retry_max_retries` -> flag `--retry-max-retries`
+
+List fields take several values (`--worker-urls A B`); `selector` takes `key=value` pairs.
+Switches (`disable_*`, `service_discovery`) are `store_true` flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "kv_aware")
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error", "critical")
+DEFAULT_REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
+
+
+def _f(default: Any, help: str, group: str, choices: tuple[Any, ...] | None = None) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default),
+                     metadata={"help": help, "group": group, "choices": choices})
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices})
+
+
+W, P, L, S, R, RT, CB, H, M, D = ("workers", "routing policy", "admission (rate limiting)", "service discovery",
+                                  "requests", "retries", "circuit breaker", "health checks", "metrics and logging",
+                                  "security")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything one router process is built from."""
+
+    # workers
+    worker_urls: list[str] = _f([], "worker URLs (http://host:port ...) routed to at startup", W)
+    host: str = _f("127.0.0.1", "address the router binds (sglang-router's default is 0.0.0.0)", W)
+    port: int = _f(30000, "port the router binds", W)
+    worker_startup_timeout_secs: float = _f(1800.0, "seconds a starting or added worker gets to pass its first "
+                                                    "health check; at startup the router then serves without it "
+                                                    "and keeps probing", W)
+    # routing policy
+    policy: str = _f("cache_aware", "how a worker is picked for a request", P, POLICIES)
+    cache_threshold: float = _f(0.3, "cache_aware: smallest prefix-match ratio that routes by cache "
+                                     "(below it, to the least-loaded worker)", P)
+    balance_abs_threshold: int = _f(64, "cache_aware: load gap (max - min in-flight) above which the policy "
+                                        "balances instead of following the cache (with the relative threshold)", P)
+    balance_rel_threshold: float = _f(1.5, "cache_aware: load ratio (max / min in-flight) above which the policy "
+                                           "balances (with the absolute threshold)", P)
+    eviction_interval_secs: float = _f(60.0, "cache_aware: seconds between prunings of the approximate trees", P)
+    max_tree_size: int = _f(67108864, "cache_aware: characters (or tokens) one worker's approximate tree keeps "
+                                      "after a pruning", P)
+    # service discovery
+    service_discovery: bool = _f(False, "find workers as Kubernetes pods (needs the kubernetes package)", S)
+    selector: dict[str, str] = _f({}, "pod label selector for service discovery: key=value ...", S)
+    service_discovery_namespace: str | None = _f(None, "namespace to watch (default: all namespaces)", S)
+    service_discovery_port: int = _f(80, "port of the worker in each discovered pod", S)
+    # admission
+    max_concurrent_requests: int = _f(-1, "most generation requests proxied at once; -1: no limit", L)
+    queue_size: int = _f(100, "generation requests that may wait for a slot when the limit is reached "
+                              "(0: answer 429 at once); beyond it, 429", L)
+    queue_timeout_secs: float = _f(60.0, "seconds a request waits in the queue before a 408", L)
+    # requests
+    request_timeout_secs: float = _f(1800.0, "seconds a proxied request may take (a stream: between two chunks)", R)
+    request_id_headers: list[str] = _f(list(DEFAULT_REQUEST_ID_HEADERS),
+                                       "headers that carry a client's request id (the first present is used, "
+                                       "forwarded to the worker and echoed as x-request-id)", R)
+    # retries
+    retry_max_retries: int = _f(5, "most attempts of one request (the first included) on connection errors "
+                                    "and 408/429/5xx answers, before any byte reached the client", RT)
+    retry_initial_backoff_ms: int = _f(50, "delay before the first retry", RT)
+    retry_max_backoff_ms: int = _f(30000, "cap on the delay between retries", RT)
+    retry_backoff_multiplier: float = _f(1.5, "growth of the delay per retry", RT)
+    retry_jitter_factor: float = _f(0.2, "random spread of each delay, as a fraction (0..1)", RT)
+    disable_retries: bool = _f(False, "one attempt per request (same as --retry-max-retries 1)", RT)
+    # circuit breaker
+    cb_failure_threshold: int = _f(10, "consecutive failures (within the window) that open a worker's circuit", CB)
+    cb_success_threshold: int = _f(3, "successes in the half-open state that close the circuit again", CB)
+    cb_timeout_duration_secs: float = _f(60.0, "seconds an open circuit waits before letting a trial request "
+                                               "through (half-open)", CB)
+    cb_window_duration_secs: float = _f(120.0, "failures older than this no longer count toward opening", CB)
+    disable_circuit_breaker: bool = _f(False, "never take a worker out of rotation for failed requests", CB)
+    # health checks
+    health_failure_threshold: int = _f(3, "consecutive failed checks that take a worker out of rotation", H)
+    health_success_threshold: int = _f(2, "consecutive passed checks that bring it back", H)
+    health_check_timeout_secs: float = _f(5.0, "seconds one check may take", H)
+    health_check_interval_secs: float = _f(60.0, "seconds between checks of each worker", H)
+    health_check_endpoint: str = _f("/health", "worker path that answers 200 when healthy", H)
+    disable_health_check: bool = _f(False, "no health checks, at startup or periodic (workers leave rotation "
+                                           "only by their circuit breaker)", H)
+    # metrics and logging
+    prometheus_port: int | None = _f(None, "also serve /metrics on this port, without auth (default: only on "
+                                           "the main port; sglang-router's default is 29000)", M)
+    prometheus_host: str = _f("127.0.0.1", "address of the --prometheus-port listener", M)
+    log_level: str = _f("info", "log level", M, LOG_LEVELS)
+    # security
+    api_key: str | None = _f(None, "require 'Authorization: Bearer <key>' on every path but /health, and send "
+                                   "the same key to the workers", D)
+
+    def resolved(self) -> "RouterConfig":
+        """Validate; ValueError names the flag."""
+        for f in dataclasses.fields(self):
+            allowed, value = f.metadata.get("choices"), getattr(self, f.name)
+            if allowed and value not in allowed:
+                raise ValueError(f"--{flag_name(f.name)} must be one of {', '.join(allowed)}; got {value!r}")
+        positive = ("retry_max_retries", "cb_failure_threshold", "cb_success_threshold", "health_failure_threshold",
+                    "health_success_threshold", "health_check_timeout_secs", "health_check_interval_secs",
+                    "request_timeout_secs", "worker_startup_timeout_secs", "queue_timeout_secs",
+                    "retry_backoff_multiplier")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{flag_name(name)} must be > 0; got {getattr(self, name)}")
+        for name in ("queue_size", "retry_initial_backoff_ms", "retry_max_backoff_ms", "cache_threshold",
+                     "balance_abs_threshold", "balance_rel_threshold", "max_tree_size", "eviction_interval_secs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{flag_name(name)} must be >= 0; got {getattr(self, name)}")
+        if not 0 <= self.retry_jitter_factor <= 1:
+            raise ValueError(f"--retry-jitter-factor must be in [0, 1]; got {self.retry_jitter_factor}")
+        if self.max_concurrent_requests == 0 or self.max_concurrent_requests < -1:
+            raise ValueError("--max-concurrent-requests must be -1 (no limit) or >= 1")
+        for url in self.worker_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--worker-urls: {url!r} must start with http:// or https://")
+        if self.service_discovery and not self.selector:
+            raise ValueError("--service-discovery needs --selector key=value ...")
+        if not self.health_check_endpoint.startswith("/"):
+            raise ValueError("--health-check-endpoint must start with '/'")
+        return dataclasses.replace(self, worker_urls=[normalize_url(u) for u in self.worker_urls],
+                                   request_id_headers=[h.lower() for h in self.request_id_headers])
+
+    @property
+    def max_attempts(self) -> int:
+        return 1 if self.disable_retries else self.retry_max_retries
+
+    def public(self) -> dict[str, Any]:
+        """The options as plain data for /get_server_info (the API key masked)."""
+        out = dataclasses.asdict(self)
+        if out["api_key"]:
+            out["api_key"] = "***"
+        return out
+
+
+def normalize_url(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+def flag_name(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+# ---- CLI, generated from the fields ------------------------------------------------------------
+
+def _field_type(name: str) -> Any:
+    t = typing.get_type_hints(RouterConfig)[name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return t if typing.get_origin(t) in (list, dict) else (args[0] if args else t)
+
+
+def _parse_selector(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--selector: {item!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per RouterConfig field, grouped as the fields are."""
+    groups: dict[str, Any] = {}
+    for f in dataclasses.fields(RouterConfig):
+        group = groups.get(f.metadata["group"]) or parser.add_argument_group(f.metadata["group"])
+        groups[f.metadata["group"]] = group
+        t = _field_type(f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
+        shown = " ".join(default) if isinstance(default, list) else default
+        help = f"{f.metadata['help']} (default: {shown if shown not in ('', {}) else 'none'})"
+        flag = "--" + flag_name(f.name)
+        if t is bool:
+            group.add_argument(flag, dest=f.name, action="store_true", default=None, help=help)
+        elif typing.get_origin(t) in (list, dict):
+            group.add_argument(flag, dest=f.name, nargs="*", default=None, metavar=f.name.upper(), help=help)
+        else:
+            allowed = f.metadata.get("choices")
+            group.add_argument(flag, dest=f.name, type=t, default=None, choices=allowed, help=help,
+                               metavar="{" + ",".join(allowed) + "}" if allowed else f.name.upper())
+
+
+def from_args(args: argparse.Namespace) -> RouterConfig:
+    """The config from parsed flags (unset flags keep their defaults); ValueError on a bad value."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(RouterConfig):
+        v = getattr(args, f.name, None)
+        if v is None:
+            continue
+        if f.name == "selector":
+            try:
+                v = _parse_selector(v)
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(str(e)) from None
+        values[f.name] = v
+    return RouterConfig(**values).resolved()

@@ -1,0 +1,86 @@
+"""The router's Prometheus metrics (`sgl_router_*`), one registry per app (no globals).
+
+Counted as requests pass:
+    sgl_router_requests_total{route, status}      answers sent (streams: 502 cut by the worker, 499 client left)
+    sgl_router_request_duration_seconds{route}    time to the full answer (streams: to the last byte)
+    sgl_router_retries_total{route}               attempts beyond the first
+    sgl_router_worker_requests_total{worker, outcome}   attempts per worker (ok / error)
+Read at scrape time from the live objects:
+    sgl_router_worker_in_flight{worker}           requests outstanding on each worker
+    sgl_router_worker_healthy{worker}             1 in rotation by health checks, else 0
+    sgl_router_circuit_state{worker}              0 closed, 1 open, 2 half-open
+    sgl_router_healthy_workers / sgl_router_workers
+    sgl_router_admission_active / _queued, sgl_router_admission_rejected_total{reason}
+    sgl_router_<stat>{policy}                     every number of `policy.stats()`, e.g.
+                                                  cache_hits, cache_misses, tree_size
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _Live:
+    """A collector whose values are read from the router's objects at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot()
+        in_flight = GaugeMetricFamily("sgl_router_worker_in_flight", "requests outstanding on the worker",
+                                      labels=["worker"])
+        healthy = GaugeMetricFamily("sgl_router_worker_healthy", "1 when the worker passes health checks",
+                                    labels=["worker"])
+        circuit = GaugeMetricFamily("sgl_router_circuit_state", "circuit breaker: 0 closed, 1 open, 2 half-open",
+                                    labels=["worker"])
+        for w in s["workers"]:
+            in_flight.add_metric([w["url"]], w["in_flight"])
+            healthy.add_metric([w["url"]], 1 if w["healthy"] else 0)
+            circuit.add_metric([w["url"]], w["circuit_code"])
+        yield from (in_flight, healthy, circuit)
+        yield GaugeMetricFamily("sgl_router_workers", "workers known to the router", value=len(s["workers"]))
+        yield GaugeMetricFamily("sgl_router_healthy_workers", "workers in rotation by health checks",
+                                value=sum(1 for w in s["workers"] if w["healthy"]))
+        yield GaugeMetricFamily("sgl_router_admission_active", "generation requests holding a slot",
+                                value=s["admission_active"])
+        yield GaugeMetricFamily("sgl_router_admission_queued", "generation requests waiting for a slot",
+                                value=s["admission_queued"])
+        rejected = CounterMetricFamily("sgl_router_admission_rejected", "requests refused by admission control",
+                                       labels=["reason"])
+        rejected.add_metric(["queue_full"], s["rejected_full"])
+        rejected.add_metric(["queue_timeout"], s["rejected_timeout"])
+        yield rejected
+        for key, value in sorted(s["policy_stats"].items()):
+            name = "sgl_router_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+            g = GaugeMetricFamily(name, f"routing policy statistic {key!r}", labels=["policy"])
+            g.add_metric([s["policy"]], float(value))
+            yield g
+
+
+class RouterMetrics:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("sgl_router_requests", "answers sent by the router", ["route", "status"],
+                                registry=self.registry)
+        self.duration = Histogram("sgl_router_request_duration_seconds", "time to the full answer", ["route"],
+                                  buckets=_BUCKETS, registry=self.registry)
+        self.retries = Counter("sgl_router_retries", "attempts beyond the first", ["route"], registry=self.registry)
+        self.worker_requests = Counter("sgl_router_worker_requests", "attempts per worker", ["worker", "outcome"],
+                                       registry=self.registry)
+        self.registry.register(_Live(snapshot))  # type: ignore[arg-type]
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.duration.labels(route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

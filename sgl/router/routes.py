@@ -1,0 +1,206 @@
+"""The router's HTTP endpoints (SGLang-native, OpenAI, and sglang-router's control API).
+
+    POST /generate, /v1/completions, /v1/chat/completions   routed by the policy, admitted by
+                                                             the concurrency limit, retried
+    GET  /v1/models, /get_model_info, /health_generate      from one healthy worker
+    GET  /get_server_info   the first worker's info, plus "router" (options) and "workers"
+                            (each worker's url, state and info)
+    POST /flush_cache       to every worker; 200 only when all flushed
+    GET  /health            200 while at least one worker is in rotation, else 503
+    GET  /workers, /list_workers; POST /add_worker?url=, /remove_worker?url=
+    GET  /metrics           Prometheus text (sgl_router_*)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from sgl.router.admission import Rejected
+from sgl.router.state import Router, __version__
+from sgl.router.metrics import CONTENT_TYPE
+from sgl.router.proxy import Forward, error_response, read_json
+from sgl.router.route_input import route_request
+
+GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+
+
+def _router(request: Request) -> Router:
+    return request.app.state.router  # type: ignore[no-any-return]
+
+
+def _headers(router: Router, request: Request) -> tuple[dict[str, str], str | None]:
+    """Headers for the worker: JSON, auth, and the client's request id (first configured header found)."""
+    out = {"content-type": "application/json", **router.worker_headers}
+    if not router.worker_headers and "authorization" in request.headers:
+        out["authorization"] = request.headers["authorization"]  # no router key: the client's reaches the worker
+    rid = None
+    for name in router.cfg.request_id_headers:
+        value = request.headers.get(name)
+        if value:
+            out[name] = value
+            rid = rid or value
+    if rid:
+        out["x-request-id"] = rid
+    return out, rid
+
+
+async def _generation(request: Request, endpoint: str) -> Response:
+    router = _router(request)
+    t_route = endpoint
+    try:
+        raw, body = await read_json(request)
+        headers, rid = _headers(router, request)
+        route_req = route_request(endpoint, body, router.tokenizer, router.wants_token_ids, rid)
+    except ValueError as e:
+        router.metrics.observe(t_route, 400, 0.0)
+        return error_response(400, str(e))
+    try:
+        await router.admission.acquire()
+    except Rejected as e:
+        router.metrics.observe(t_route, e.status, 0.0)
+        return error_response(e.status, e.message)
+    assert router.proxy is not None
+    fwd = Forward("POST", endpoint, endpoint, raw, headers, stream=bool(body.get("stream")), route_req=route_req,
+                  on_finish=router.admission.release)
+    return await router.proxy.forward_watching(fwd, request.receive)
+
+
+async def generate(request: Request) -> Response:
+    return await _generation(request, "/generate")
+
+
+async def completions(request: Request) -> Response:
+    return await _generation(request, "/v1/completions")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generation(request, "/v1/chat/completions")
+
+
+async def _from_one(request: Request, path: str) -> Response:
+    router = _router(request)
+    assert router.proxy is not None
+    headers, _ = _headers(router, request)
+    query = ("?" + request.url.query) if request.url.query else ""
+    return await router.proxy.forward(Forward("GET", path + query, path, None, headers))
+
+
+async def models(request: Request) -> Response:
+    return await _from_one(request, "/v1/models")
+
+
+async def model_info(request: Request) -> Response:
+    return await _from_one(request, "/get_model_info")
+
+
+async def health_generate(request: Request) -> Response:
+    return await _from_one(request, "/health_generate")
+
+
+async def server_info(request: Request) -> Response:
+    router = _router(request)
+    assert router.proxy is not None
+    headers, _ = _headers(router, request)
+    results = await router.proxy.fan_out("GET", "/get_server_info", headers)
+    infos = {url: body for url, status, body in results if status == 200 and isinstance(body, dict)}
+    workers = []
+    for w in router.registry.all():
+        workers.append({**w.describe(), "server_info": infos.get(w.url)})
+    first = next((infos[w.url] for w in router.registry.all() if w.url in infos), {})
+    out = {**first, "router": {"version": __version__, "policy": router.policy.name, "config": router.cfg.public(),
+                               "chat_routing": "template" if router.tokenizer is not None else "contents"},
+           "workers": workers}
+    return JSONResponse(out)
+
+
+async def flush_cache(request: Request) -> Response:
+    router = _router(request)
+    assert router.proxy is not None
+    headers, _ = _headers(router, request)
+    results = await router.proxy.fan_out("POST", "/flush_cache", headers)
+    failed = [{"url": u, "status": s, "detail": b} for u, s, b in results if s != 200]
+    if not results:
+        return error_response(503, "no workers registered")
+    if failed:
+        return JSONResponse({"flushed": len(results) - len(failed), "failed": failed}, status_code=500)
+    return PlainTextResponse(f"Cache flushed on {len(results)} worker(s).\n")
+
+
+async def health(request: Request) -> Response:
+    router = _router(request)
+    n = sum(1 for w in router.registry.all() if w.available())
+    if n == 0:
+        return JSONResponse({"status": "unavailable", "healthy_workers": 0,
+                             "message": "no healthy workers"}, status_code=503)
+    return JSONResponse({"status": "ok", "healthy_workers": n})
+
+
+async def workers(request: Request) -> Response:
+    router = _router(request)
+    ws = [w.describe() for w in router.registry.all()]
+    return JSONResponse({"workers": ws, "healthy": [w["url"] for w in ws if w["healthy"]],
+                         "policy": router.policy.name})
+
+
+async def list_workers(request: Request) -> Response:
+    return JSONResponse({"urls": [w.url for w in _router(request).registry.all()]})
+
+
+def _url_param(request: Request) -> str | None:
+    url = request.query_params.get("url")
+    return url if url and url.startswith(("http://", "https://")) else None
+
+
+async def add_worker(request: Request) -> Response:
+    router = _router(request)
+    url = _url_param(request)
+    if url is None:
+        return error_response(400, "query parameter url must be a worker URL (http://host:port)", param="url")
+    if router.registry.get(url.rstrip("/")) is not None:
+        return error_response(400, f"worker {url} is already registered", param="url")
+    w, err = await router.add_worker(url)
+    if w is None:
+        return error_response(503, f"worker {url} did not pass a health check within "
+                                   f"{router.cfg.worker_startup_timeout_secs:g}s: {err}", param="url")
+    return PlainTextResponse(f"Successfully added worker: {w.url}\n")
+
+
+async def remove_worker(request: Request) -> Response:
+    router = _router(request)
+    url = _url_param(request)
+    if url is None:
+        return error_response(400, "query parameter url must be a worker URL (http://host:port)", param="url")
+    w = router.remove_worker(url)
+    if w is None:
+        return error_response(404, f"worker {url} is not registered", param="url")
+    return PlainTextResponse(f"Successfully removed worker: {w.url}\n")
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_router(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", "error")
+    if status == 404:
+        detail = f"no route {request.url.path} on the router"
+    elif status == 405:
+        detail = f"method {request.method} not allowed on {request.url.path}"
+    return error_response(status, str(detail))
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {404: _http_error, 405: _http_error}
+
+_POST: dict[str, Any] = {"/generate": generate, "/v1/completions": completions,
+                         "/v1/chat/completions": chat_completions, "/flush_cache": flush_cache,
+                         "/add_worker": add_worker, "/remove_worker": remove_worker}
+_GET: dict[str, Any] = {"/v1/models": models, "/get_model_info": model_info, "/health_generate": health_generate,
+                        "/get_server_info": server_info, "/health": health, "/workers": workers,
+                        "/list_workers": list_workers, "/metrics": metrics}
+ROUTES = ([Route(p, fn, methods=["POST"]) for p, fn in _POST.items()]
+          + [Route(p, fn, methods=["GET"]) for p, fn in _GET.items()])

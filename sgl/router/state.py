@@ -1,0 +1,239 @@
+"""The router's state and lifecycle: `Router` owns the workers, the policy, the HTTP
+clients, health checks, admission, metrics, the chat tokenizer and service discovery.
+
+Startup: the policy starts, each `--worker-urls` worker gets up to
+`--worker-startup-timeout-secs` to pass its first health check (in parallel; one that does
+not is registered out of rotation and rejoins through the health checks), then health
+checks, service discovery and the optional Prometheus listener start, and the chat
+tokenizer is fetched from a worker in the background. No module-level state: `create_app`
+(app.py) hangs one `Router` off `app.state.router`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from typing import Any
+
+import aiohttp
+import httpx
+
+from sgl.router.admission import Admission
+from sgl.router.circuit import STATE_CODE, CircuitOptions
+from sgl.router.config import RouterConfig, normalize_url
+from sgl.router.health import HealthChecker, wait_healthy
+from sgl.router.metrics import RouterMetrics
+from sgl.router.policies import PolicyOptions, make_policy
+from sgl.router.policies.base import Policy
+from sgl.router.proxy import Proxy
+from sgl.router.registry import Registry, Worker
+from sgl.router.retry import RetryOptions
+
+logger = logging.getLogger("sgl.router")
+
+__version__ = "0.1.0"
+
+
+def policy_options(cfg: RouterConfig) -> PolicyOptions:
+    return PolicyOptions(cache_threshold=cfg.cache_threshold, balance_abs_threshold=cfg.balance_abs_threshold,
+                         balance_rel_threshold=cfg.balance_rel_threshold,
+                         eviction_interval_secs=cfg.eviction_interval_secs, max_tree_size=cfg.max_tree_size)
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig, policy: Policy | None = None) -> None:
+        self.cfg = cfg
+        self.policy = policy or make_policy(cfg.policy, policy_options(cfg))
+        self.wants_token_ids = bool(getattr(self.policy, "wants_token_ids", cfg.policy == "kv_aware"))
+        self.registry = Registry(self.policy, CircuitOptions(
+            cfg.cb_failure_threshold, cfg.cb_success_threshold, cfg.cb_timeout_duration_secs,
+            cfg.cb_window_duration_secs, enabled=not cfg.disable_circuit_breaker))
+        self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size, cfg.queue_timeout_secs)
+        self.metrics = RouterMetrics(self.snapshot)
+        self.worker_headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self.tokenizer: Any = None  # sgl.router.tokenizer.RouterTokenizer, once fetched
+        self._fetching_tokenizer = False
+        self._bg: set[asyncio.Task[Any]] = set()
+        self.client: httpx.AsyncClient | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.health: HealthChecker | None = None
+        self.proxy: Proxy | None = None
+        self._discovery: Any = None
+        self._metrics_server: Any = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        # Control calls (health, fan-out, tokenizer); they carry the workers' key, if any.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_secs), headers=self.worker_headers)
+        self.health = HealthChecker(self.registry, self.client, endpoint=cfg.health_check_endpoint,
+                                    timeout=cfg.health_check_timeout_secs, interval=cfg.health_check_interval_secs,
+                                    failure_threshold=cfg.health_failure_threshold,
+                                    success_threshold=cfg.health_success_threshold, headers=self.worker_headers)
+        # The request path's pool: keep-alive, no connection cap (admission limits concurrency),
+        # connect and each read bounded by the request timeout; bytes pass undecoded.
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_secs,
+                                          sock_read=cfg.request_timeout_secs),
+            auto_decompress=False)
+        self.proxy = Proxy(self.registry, self.policy, self.session, self.client,
+                           RetryOptions(cfg.max_attempts, cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms,
+                                        cfg.retry_backoff_multiplier, cfg.retry_jitter_factor),
+                           self.metrics, self._on_connect_error, cfg.request_timeout_secs)
+        await self.policy.start()
+        await asyncio.gather(*(self.add_worker(u, startup=True) for u in cfg.worker_urls))
+        if not cfg.disable_health_check:
+            self.health.start()
+        if cfg.service_discovery:
+            self._start_discovery()
+        if cfg.prometheus_port:
+            await self._start_metrics_server()
+        self.spawn(self.ensure_tokenizer())
+
+    async def stop(self) -> None:
+        if self._discovery is not None:
+            with contextlib.suppress(Exception):
+                await _maybe_await(self._discovery.stop())
+        if self._metrics_server is not None:
+            self._metrics_server.should_exit = True
+        if self.health is not None:
+            await self.health.stop()
+        for t in list(self._bg):
+            t.cancel()
+        await asyncio.gather(*self._bg, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.policy.stop()
+        if self.client is not None:
+            await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
+
+    def spawn(self, aw: Any) -> None:
+        task = asyncio.get_running_loop().create_task(aw)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _on_connect_error(self, url: str) -> None:
+        if not self.cfg.disable_health_check and self.health is not None:
+            self.health.probe_soon(url)
+
+    # ---- workers --------------------------------------------------------------------------
+
+    async def add_worker(self, url: str, startup: bool = False) -> tuple[Worker | None, str | None]:
+        """Wait for `url`'s first good health check (none with --disable-health-check), then
+        put it in rotation. At startup a worker that never passes is still registered (out of
+        rotation) so checks can bring it in; later (add_worker, discovery) it is not
+        registered and the reason is returned."""
+        assert self.client is not None
+        url = normalize_url(url)
+        if url in self.registry:
+            return self.registry.get(url), None
+        err = None if self.cfg.disable_health_check else await wait_healthy(
+            self.client, url, self.cfg.health_check_endpoint, self.cfg.health_check_timeout_secs,
+            self.cfg.worker_startup_timeout_secs, self.worker_headers)
+        if err is not None and not startup:
+            return None, err
+        if url in self.registry:  # added concurrently
+            return self.registry.get(url), None
+        w = self.registry.add(url, healthy=err is None)
+        w.last_error = err
+        if err is None:
+            logger.info("worker %s added", url)
+            if self.tokenizer is None:
+                self.spawn(self.ensure_tokenizer())
+        else:
+            logger.warning("worker %s did not pass a health check within %gs (%s); registered out of rotation",
+                           url, self.cfg.worker_startup_timeout_secs, err)
+        return w, None
+
+    def remove_worker(self, url: str) -> Worker | None:
+        w = self.registry.remove(normalize_url(url))
+        if w is not None:
+            logger.info("worker %s removed (%d request(s) still finishing on it)", w.url, w.state.in_flight)
+        return w
+
+    def _start_discovery(self) -> None:
+        from sgl.router.discovery import PodDiscovery  # optional: needs the kubernetes package
+
+        async def on_add(url: str) -> None:
+            _, err = await self.add_worker(url)
+            if err is not None:
+                logger.warning("discovered worker %s not added: %s", url, err)
+
+        async def on_remove(url: str) -> None:
+            self.remove_worker(url)
+
+        self._discovery = PodDiscovery(dict(self.cfg.selector), self.cfg.service_discovery_namespace,
+                                       self.cfg.service_discovery_port, on_add, on_remove)
+        self.spawn(self._discovery.run())
+
+    async def ensure_tokenizer(self) -> None:
+        """Fetch the chat template / tokenizer from the first worker that serves one; chat
+        routing uses the rendered conversation once it is here, the joined contents before."""
+        if self.tokenizer is not None or self._fetching_tokenizer:
+            return
+        try:
+            from sgl.router.tokenizer import fetch_tokenizer
+        except ImportError:
+            return
+        self._fetching_tokenizer = True
+        try:
+            await self._fetch_tokenizer(fetch_tokenizer)
+        finally:
+            self._fetching_tokenizer = False
+
+    async def _fetch_tokenizer(self, fetch_tokenizer: Any) -> None:
+        for w in self.registry.healthy():
+            try:
+                tok = await _maybe_await(fetch_tokenizer(self.client, w.url))
+            except Exception:  # a worker without /get_tokenizer: try the next
+                logger.debug("no tokenizer from %s", w.url, exc_info=True)
+                continue
+            if tok is not None:
+                self.tokenizer = tok
+                logger.info("chat routing uses the tokenizer of %s", w.url)
+                return
+
+    async def _start_metrics_server(self) -> None:
+        assert self.cfg.prometheus_port is not None
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        from sgl.router.metrics import CONTENT_TYPE
+
+        async def metrics(_: Any) -> Response:
+            return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+        class NoSignalServer(uvicorn.Server):  # the main server handles SIGINT/SIGTERM
+            @contextlib.contextmanager
+            def capture_signals(self) -> Any:
+                yield
+
+        app = Starlette(routes=[Route("/metrics", metrics)])
+        server = NoSignalServer(uvicorn.Config(app, host=self.cfg.prometheus_host, port=self.cfg.prometheus_port,
+                                                log_level="warning", access_log=False, log_config=None))
+        self._metrics_server = server
+        self.spawn(server.serve())
+
+    # ---- views ----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        try:
+            stats = self.policy.stats()
+        except Exception:  # metrics must render even if a policy's stats fail
+            logger.exception("policy.stats failed")
+            stats = {}
+        return {"workers": [dict(w.describe(), circuit_code=STATE_CODE[w.circuit.state]) for w in self.registry.all()],
+                "admission_active": self.admission.active, "admission_queued": self.admission.waiting,
+                "rejected_full": self.admission.rejected_full, "rejected_timeout": self.admission.rejected_timeout,
+                "policy": self.policy.name, "policy_stats": stats}
+
+
+async def _maybe_await(x: Any) -> Any:
+    return await x if inspect.isawaitable(x) else x
