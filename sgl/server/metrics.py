@@ -16,7 +16,8 @@ free space), `sglang:num_queue_reqs` the requests not yet admitted. `sglang:gen_
 and `sglang:cache_hit_rate` are rates over the recent past, computed here in the API
 process (`RecentRates`) from the engine's counters at each reading (a scrape or a
 /get_load): over the last WINDOW_S seconds, or since the previous reading if readings are
-further apart.
+further apart. The hierarchical cache's series (`sgl_hicache_*` and SGLang's HiCache
+names) come from `hicache_metrics.py`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from sgl.server.hicache_metrics import HiCacheCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -183,6 +186,8 @@ class Metrics:
         self.kv_usage = Gauge("sgl_kv_usage_ratio", "kv_used_tokens / kv_total_tokens", registry=r)
         self.engine_gauges = {k: Gauge(name, help_, registry=r) for k, (name, help_) in _ENGINE_GAUGES.items()}
         self.sglang = SGLangMetrics(r, model_name)
+        self.hicache = HiCacheCollector(model_name)  # KV tier series (hicache_metrics.py), only when on
+        r.register(self.hicache)
         self.rates = RecentRates()
 
     def observe_http(self, path: str, status: int) -> None:
@@ -228,6 +233,7 @@ class Metrics:
         used, total = info.get("kv_used_tokens"), info.get("kv_total_tokens")
         if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total:
             self.kv_usage.set(used / total)
+        self.hicache.update(info)
         if server_info:
             self.note_engine_state(server_info)
             self.sglang.refresh(server_info, self.rates)
