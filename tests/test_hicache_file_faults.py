@@ -1,7 +1,8 @@
 """The file storage tier's faults on a real server (issue 14): a corrupted page file is a
 miss and is deleted, and the output is unchanged; a storage directory that becomes
 unwritable mid-run stops storage writes with a warning while serving goes on. One server
-(`python -m sgl.launch_server`, small pool, timeout prefetch policy)."""
+(`python -m sgl.launch_server`, small pool, timeout prefetch policy), with KV events on
+too (the two coexist: events follow the device tree, tested in test_hicache.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_proc import start_server
+from tests.server_proc import free_port, start_server
 from tests.hicache_http import PAGE, flush, generate, info, prompt, wait_for, written
 
 
@@ -20,7 +21,8 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("hicache-file")
     store = root / "store"
     extra = {"path": str(store), "prefetch_timeout": 60, "retry_interval_s": 0.5}
-    srv = start_server("--max-total-tokens", "4096", "--page-size", str(PAGE), "--enable-hierarchical-cache",
+    events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "enable_kv_cache_events": True}
+    srv = start_server("--kv-events-config", json.dumps(events),"--max-total-tokens", "4096", "--page-size", str(PAGE), "--enable-hierarchical-cache",
                        "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "timeout",
                        "--hicache-storage-backend-extra-config", json.dumps(extra))
     try:
@@ -52,7 +54,9 @@ def test_corrupted_page_is_a_miss_and_deleted(server) -> None:
     assert again["text"] == ref["text"]
     d = again["meta_info"]["cached_tokens_details"]
     assert d["device"] == 0 and d["storage"] == 0, d  # a damaged page is a miss
-    corrupt = info(srv)["storage_corrupt_pages"]
+    state = info(srv)
+    assert state["kv_events"]["page_size"] == PAGE and state["hicache_enabled"]
+    corrupt = state["storage_corrupt_pages"]
     assert corrupt >= 1
     assert len(page_files(store)) == len(files) - corrupt  # deleted (this process never rewrites them)
 
