@@ -64,8 +64,12 @@ class HostKVPool:
             rows.extend([i] * len(slots))
             pos.extend(range(first, first + len(slots)))
             dst.extend(slots)
-        data = self.buf[pages].to(dev, non_blocking=True)  # [n, L, 2, P, H, D]
-        r = torch.tensor(rows, dtype=torch.int64, device=dev)
+        if dev.type == "cpu":  # same memory: gather straight from the host buffer, no staging copy
+            data = self.buf
+            r = pages[torch.tensor(rows, dtype=torch.int64)]
+        else:  # one transfer of the whole pages, then gather on the device
+            data = self.buf[pages].to(dev, non_blocking=True)  # [n, L, 2, P, H, D]
+            r = torch.tensor(rows, dtype=torch.int64, device=dev)
         p = torch.tensor(pos, dtype=torch.int64, device=dev)
         d = torch.tensor(dst, dtype=torch.int64, device=dev)
         for layer, (k, v) in enumerate(zip(pool.k_buffers, pool.v_buffers)):
