@@ -140,13 +140,13 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def recompute_ms(url: str, reps: int) -> float:
-    """Latency of a fresh LOAD_TOKENS prompt minus the same prompt fully cached (1 new token)."""
+def recompute_ms(url: str, reps: int, n: int) -> float:
+    """Latency of a fresh n-token prompt minus the same prompt fully cached (1 new token), per 1k tokens."""
     rng = random.Random(7)
     diffs = []
     with httpx.Client(timeout=600, trust_env=False) as c:
         for _ in range(reps):
-            ids = [rng.randrange(1000, 20000) for _ in range(LOAD_TOKENS + 1)]
+            ids = [rng.randrange(1000, 20000) for _ in range(n + 1)]
             body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
             t0 = time.perf_counter()
             c.post(url + "/generate", json=body).raise_for_status()
@@ -154,11 +154,13 @@ def recompute_ms(url: str, reps: int) -> float:
             t0 = time.perf_counter()
             c.post(url + "/generate", json=body).raise_for_status()
             diffs.append(cold - (time.perf_counter() - t0))
-    return statistics.median(diffs) * 1e3
+    return statistics.median(diffs) * 1e3 * LOAD_TOKENS / n
 
 
 def tier_load_ms(info: dict[str, Any], tmp: str, redis_url: str | None, reps: int) -> dict[str, float]:
-    """ms to bring LOAD_TOKENS tokens of KV to the device pool from each tier (see the docstring)."""
+    """ms to bring LOAD_TOKENS tokens of KV to the device pool from each tier (see the docstring).
+    The copies use a layout of the server's bytes per token (1 KV head of 64, as many layers as
+    that takes), not the model's exact head count."""
     import torch
 
     from sgl.runtime.memory.host_pool import HostKVPool
@@ -166,7 +168,10 @@ def tier_load_ms(info: dict[str, Any], tmp: str, redis_url: str | None, reps: in
     from sgl.runtime.memory.storage import PageStore, make_backend, page_key
 
     dtype = getattr(torch, str(info.get("dtype", "bfloat16")).replace("torch.", ""))
-    per_token = info["kv_pool_bytes_per_rank"] / max(info["kv_pool_tokens_per_rank"], 1)
+    def first(v: Any) -> float:  # per-rank lists
+        return float(v[0] if isinstance(v, list) else v)
+
+    per_token = first(info["kv_pool_bytes_per_rank"]) / max(first(info["kv_pool_tokens_per_rank"]), 1.0)
     heads, dim = 1, 64
     layers = max(1, int(round(per_token / (2 * heads * dim * torch.tensor([], dtype=dtype).element_size()))))
     n_pages = LOAD_TOKENS // PAGE
@@ -253,7 +258,7 @@ def main() -> int:
                       f"p99 {r['ttft_p99']:.3f} s, errors {r['errors']}", flush=True)
                 if name == configs[0]:
                     info = httpx.get(url + "/get_server_info", timeout=60).json()
-                    costs["recompute"] = recompute_ms(url, args.reps)
+                    costs["recompute"] = recompute_ms(url, args.reps, min(LOAD_TOKENS, args.max_total_tokens // 2))
                     costs.update(tier_load_ms(info, tmp, redis.url if redis else None, max(args.reps, 3)))
     base = results.get("radix", {})
     rows = [{"config": n, "hit rate": r["hit_rate"], "host hit": r["hit_host"], "storage hit": r["hit_storage"],
