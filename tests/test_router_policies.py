@@ -180,12 +180,16 @@ class _LoadServer:
     def __init__(self) -> None:
         self.body: object = {"num_waiting_tokens": 0, "num_running_tokens": 0}
         self.hits = 0
+        self.key: str | None = None  # when set, answer 401 without 'Authorization: Bearer <key>'
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 if self.path != "/get_load":
                     self.send_error(404)
+                    return
+                if outer.key is not None and self.headers.get("authorization") != f"Bearer {outer.key}":
+                    self.send_error(401)
                     return
                 outer.hits += 1
                 data = json.dumps(outer.body).encode()
@@ -251,6 +255,24 @@ def test_load_monitor_polls_real_server(load_servers: list[_LoadServer]) -> None
         await mon.stop()
         assert mon.load(b.url) == 7
         assert mon.stats()["load_polls_ok"] >= 3
+
+    asyncio.run(main())
+
+
+def test_policy_load_polls_send_the_workers_key(load_servers: list[_LoadServer]) -> None:
+    async def main() -> None:
+        a, _ = load_servers
+        a.key = "k1"
+        a.body = {"num_waiting_tokens": 9, "num_running_tokens": 0}
+        for name in ("power_of_two", "kv_aware"):
+            keyed = make_policy(name, PolicyOptions(worker_headers=(("authorization", "Bearer k1"),)))
+            keyed.add_worker(WorkerState(a.url))
+            assert await keyed.monitor.poll_once(a.url)  # type: ignore[attr-defined]
+            assert keyed.monitor.load(a.url) == 9  # type: ignore[attr-defined]
+        bare = LoadMonitor()
+        bare.add_worker(a.url)
+        assert not await bare.poll_once(a.url)  # 401 without the key: load unknown
+        assert bare.stats()["load_polls_failed"] == 1
 
     asyncio.run(main())
 

@@ -13,6 +13,7 @@ from sgl.launch_router import build_parser, parse
 from sgl.router.admission import Admission, Rejected
 from sgl.router.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOptions
 from sgl.router.config import RouterConfig, flag_name
+from sgl.router.policies import POLICY_NAMES, PolicyOptions
 from sgl.router.retry import RetryOptions, retryable_status
 from sgl.router.route_input import route_request
 
@@ -22,8 +23,22 @@ from sgl.router.route_input import route_request
 def test_every_field_is_a_flag_with_help():
     help_text = build_parser().format_help()
     for f in dataclasses.fields(RouterConfig):
-        assert "--" + flag_name(f.name) in help_text
         assert f.metadata["help"]
+        if f.name != "policy_options":
+            assert "--" + flag_name(f.name) in help_text
+    for f in dataclasses.fields(PolicyOptions):  # the policies' knobs: declared once, there
+        assert f.metadata["help"]
+        assert ("--" + flag_name(f.name) in help_text) == (f.name != "worker_headers")
+
+
+def test_policy_flags_come_from_policy_options():
+    cfg = parse(["--policy", "kv_aware", "--kv-aware-prefill-weight", "8", "--kv-events-stale-secs", "5",
+                 "--load-poll-interval-secs", "0.5", "--cache-threshold", "0.4"])
+    assert cfg.policy_options == PolicyOptions(kv_aware_prefill_weight=8, kv_events_stale_secs=5,
+                                               load_poll_interval_secs=0.5, cache_threshold=0.4)
+    assert parse([]).policy_options == PolicyOptions()
+    assert set(POLICY_NAMES) == {"cache_aware", "round_robin", "random", "power_of_two", "kv_aware"}
+    assert "--policy {" + ",".join(POLICY_NAMES) + "}" in build_parser().format_help().replace("\n", " ")
 
 
 def test_sglang_router_flag_names_are_accepted():
@@ -46,6 +61,7 @@ def test_sglang_router_flag_names_are_accepted():
     assert cfg.request_id_headers == ["x-trace-id"]
     assert cfg.max_attempts == 1 and cfg.disable_circuit_breaker and cfg.service_discovery
     assert (cfg.cb_failure_threshold, cfg.queue_size, cfg.prometheus_port) == (4, 4, 29001)
+    assert (cfg.policy_options.cache_threshold, cfg.policy_options.max_tree_size) == (0.5, 1000)
 
 
 def test_defaults():
@@ -62,7 +78,8 @@ def test_defaults():
     (["--service-discovery"], "--selector"),
     (["--selector", "novalue"], "--selector"),
     (["--max-concurrent-requests", "0"], "--max-concurrent-requests"),
-    (["--cache-threshold", "1.5"], "cache_threshold"),
+    (["--cache-threshold", "1.5"], "--cache-threshold"),
+    (["--load-poll-interval-secs", "0"], "--load-poll-interval-secs"),
     (["--health-check-endpoint", "health"], "--health-check-endpoint"),
 ])
 def test_bad_flags_are_usage_errors_naming_the_flag(argv, needle, capsys):

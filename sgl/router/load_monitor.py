@@ -69,6 +69,7 @@ class _Worker:
     routed_at_poll: int = 0  # `routed` when the answered poll was sent
     polls_ok: int = 0
     polls_failed: int = 0
+    warned: bool = False  # a non-200 answer was logged (once per worker)
     task: asyncio.Task[None] | None = None
 
 
@@ -76,9 +77,10 @@ class LoadMonitor:
     """Polls `/get_load` of every added worker every `interval` seconds, one task per worker
     (a slow worker never delays another's numbers)."""
 
-    def __init__(self, interval: float = 0.1, timeout: float = 2.0) -> None:
+    def __init__(self, interval: float = 0.1, timeout: float = 2.0, headers: dict[str, str] | None = None) -> None:
         self.interval = interval
         self.timeout = timeout
+        self.headers = dict(headers or {})  # the workers' API key, if any
         self._workers: dict[str, _Worker] = {}
         self._client: httpx.AsyncClient | None = None
         self._running = False
@@ -100,7 +102,7 @@ class LoadMonitor:
     async def start(self) -> None:
         if self._running:
             return
-        self._client = httpx.AsyncClient(timeout=self.timeout)
+        self._client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
         self._running = True
         loop = asyncio.get_running_loop()
         for url, w in self._workers.items():
@@ -154,11 +156,14 @@ class LoadMonitor:
         client = self._client
         owned = client is None
         if client is None:
-            client = httpx.AsyncClient(timeout=self.timeout)
+            client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
         mark = w.routed
         try:
             resp = await client.get(f"{url}/get_load")
             value = parse_load(resp.json()) if resp.status_code == 200 else None
+            if resp.status_code != 200 and not w.warned:
+                w.warned = True  # e.g. 401 (wrong key) or 404 (an older worker): say it once
+                logger.warning("GET %s/get_load answered %d; its load is unknown", url, resp.status_code)
         except (httpx.HTTPError, ValueError) as exc:
             logger.debug("load poll of %s failed: %s", url, exc)
             value = None

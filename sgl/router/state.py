@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 from typing import Any
@@ -36,10 +37,14 @@ logger = logging.getLogger("sgl.router")
 __version__ = "0.1.0"
 
 
+def worker_headers(cfg: RouterConfig) -> dict[str, str]:
+    """Headers of every call the router makes to a worker (its API key, the router's own)."""
+    return {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+
 def policy_options(cfg: RouterConfig) -> PolicyOptions:
-    return PolicyOptions(cache_threshold=cfg.cache_threshold, balance_abs_threshold=cfg.balance_abs_threshold,
-                         balance_rel_threshold=cfg.balance_rel_threshold,
-                         eviction_interval_secs=cfg.eviction_interval_secs, max_tree_size=cfg.max_tree_size)
+    """The policy's options: the configured knobs, plus the workers' headers for its own calls."""
+    return dataclasses.replace(cfg.policy_options, worker_headers=tuple(worker_headers(cfg).items()))
 
 
 class Router:
@@ -52,7 +57,7 @@ class Router:
             cfg.cb_window_duration_secs, enabled=not cfg.disable_circuit_breaker))
         self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size, cfg.queue_timeout_secs)
         self.metrics = RouterMetrics(self.snapshot)
-        self.worker_headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self.worker_headers = worker_headers(cfg)
         self.tokenizer: Any = None  # sgl.router.tokenizer.RouterTokenizer, once fetched
         self._fetching_tokenizer = False
         self._bg: set[asyncio.Task[Any]] = set()

@@ -88,7 +88,8 @@ class KvAwarePolicy(PolicyBase):
         super().__init__(options)
         self.index = KvIndex()
         self.trees = PrefixTrees()
-        self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs)
+        self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs,
+                                   dict(self.options.worker_headers))
         self._workers: dict[str, _Worker] = {}
         self._inflight_tokens: dict[str, int] = {}
         self._routed: dict[tuple[int, str], int] = {}  # (id(req), url) -> prompt tokens
@@ -111,7 +112,8 @@ class KvAwarePolicy(PolicyBase):
             return
         self._started = True
         self._ctx = zmq.asyncio.Context()
-        self._client = httpx.AsyncClient(timeout=self.options.http_timeout_secs)
+        self._client = httpx.AsyncClient(timeout=self.options.http_timeout_secs,
+                                         headers=dict(self.options.worker_headers))
         await self.monitor.start()
         for w in self._workers.values():
             self._spawn_connect(w)
@@ -176,6 +178,7 @@ class KvAwarePolicy(PolicyBase):
             return  # fed in-process (attach_local_feed)
         url = w.state.url
         info = w.state.extra.get("server_info")
+        warned = False
         while info is None:
             try:
                 assert self._client is not None
@@ -183,6 +186,10 @@ class KvAwarePolicy(PolicyBase):
                 if resp.status_code == 200:
                     info = resp.json()
                     break
+                if not warned:
+                    warned = True  # e.g. 401: the workers' key is not the router's
+                    logger.warning("GET %s/get_server_info answered %d; retrying (no KV events until it answers)",
+                                   url, resp.status_code)
             except (httpx.HTTPError, ValueError) as exc:
                 logger.debug("GET %s/get_server_info failed: %s", url, exc)
             await asyncio.sleep(SERVER_INFO_RETRY_SECS)
