@@ -235,6 +235,10 @@ def test_route_inputs():
     ("/generate", {"input_ids": ["a"]}, "input_ids"),
     ("/v1/completions", {"prompt": {"x": 1}}, "prompt"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/generate", {"input_ids": [1, -1]}, "input_ids"),
+    ("/generate", {"input_ids": [[2**32]]}, "input_ids"),
+    ("/generate", {"input_ids": [1.5]}, "input_ids"),
+    ("/v1/completions", {"prompt": [3, 2**40]}, "prompt"),
 ])
 def test_bad_route_input_names_the_field(endpoint, body, field):
     with pytest.raises(ValueError, match=field):
@@ -262,3 +266,58 @@ def test_health_streaks_take_a_worker_out_and_back():
         w.circuit.record(False)  # an open circuit also leaves rotation
     assert [c.url for c in reg.candidates()] == ["http://w2"]
     assert reg.remove("http://w2") is not None and reg.candidates() == []
+
+
+# ---- proxy: the policy is always asked, and its failure is not the request's --------------------
+
+
+class _CountingPolicy:
+    name = "counting"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.selects, self.added = fail, 0, []
+
+    def add_worker(self, worker):  # noqa: ANN001
+        self.added.append(worker.url)
+
+    def remove_worker(self, url):  # noqa: ANN001
+        pass
+
+    def select(self, req, candidates):  # noqa: ANN001
+        self.selects += 1
+        if self.fail:
+            raise KeyError("policy bug")
+        return candidates[-1]
+
+
+def _proxy(policy, urls):  # noqa: ANN001
+    from sgl.router.metrics import RouterMetrics
+    from sgl.router.proxy import Proxy
+    from sgl.router.registry import Registry
+
+    reg = Registry(policy, CircuitOptions())
+    for u in urls:
+        reg.add(u)
+    return Proxy(reg, policy, None, None, RetryOptions(1), RouterMetrics(lambda: {}),  # type: ignore[arg-type]
+                 lambda url: None, 1.0), reg
+
+
+def test_policy_is_asked_even_with_one_candidate():
+    from sgl.router.policies import RouteRequest
+    from sgl.router.proxy import Forward
+
+    policy = _CountingPolicy()
+    proxy, _ = _proxy(policy, ["http://w1"])
+    fwd = Forward("POST", "/generate", "/generate", b"{}", {}, route_req=RouteRequest("/generate", "hi"))
+    assert proxy._choose(fwd, []).url == "http://w1" and policy.selects == 1
+
+
+def test_a_failing_policy_falls_back_to_the_least_loaded_worker():
+    from sgl.router.policies import RouteRequest
+    from sgl.router.proxy import Forward
+
+    policy = _CountingPolicy(fail=True)
+    proxy, reg = _proxy(policy, ["http://w1", "http://w2"])
+    reg.get("http://w1").state.in_flight = 3  # type: ignore[union-attr]
+    fwd = Forward("POST", "/generate", "/generate", b"{}", {}, route_req=RouteRequest("/generate", "hi"))
+    assert proxy._choose(fwd, []).url == "http://w2" and policy.selects == 1

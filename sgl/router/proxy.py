@@ -104,10 +104,18 @@ class Proxy:
             n = len(self.registry.all())
             raise NoWorkers("no workers registered" if n == 0 else
                             f"none of the {n} worker(s) is healthy (health checks or circuit breaker)")
-        if fwd.route_req is None or len(cands) == 1:
-            return min(cands, key=lambda w: w.state.in_flight) if fwd.route_req is None else cands[0]
-        chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
-        return self.registry.get(chosen.url) or cands[0]
+        least_loaded = min(cands, key=lambda w: w.state.in_flight)
+        if fwd.route_req is None:
+            return least_loaded
+        # Asked even with one candidate: a policy's trees, pending pages and counts follow what
+        # it routed, and on_done is called for every attempt.
+        try:
+            chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
+        except Exception:  # a policy bug must not fail the request
+            logger.exception("policy %s failed to select; routing to the least-loaded worker", self.policy.name)
+            return least_loaded
+        w = self.registry.get(chosen.url)
+        return w if w is not None and w in cands else least_loaded
 
     def _done(self, fwd: Forward, w: Worker, ok: bool | None, error: str | None = None) -> None:
         """Settle one attempt on `w`; ok None: abandoned by the client (no verdict on the worker)."""
