@@ -394,3 +394,26 @@ def test_kv_aware_counts_pages_in_flight_before_their_events(info_servers: list[
             await _teardown(ctx, pubs, policy)
 
     run(body)
+
+
+def test_kv_aware_pending_pages_are_exact_per_request() -> None:
+    """An older request's hold, forgotten after its worker spoke about the pages (stored,
+    then evicted), must not cancel a newer request's hold on the same pages."""
+    policy = make_policy("kv_aware", PolicyOptions(eviction_interval_secs=0))
+    assert isinstance(policy, KvAwarePolicy)
+    a = WorkerState("http://a")
+    policy.add_worker(a)
+    feed = policy.attach_local_feed(a.url, PAGE)
+    first = RouteRequest("/generate", "", PROMPT + [1])
+    assert policy.select(first, [a]) is a
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 80}  # in flight: counts as held
+    feed.push(KVEventBatch(0.0, [stored(PROMPT)], None))
+    feed.push(KVEventBatch(0.0, [BlockRemoved(page_hashes(PROMPT, PAGE), "cpu")], None))
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 0}  # evicted: the worker's word wins
+    second = RouteRequest("/generate", "", PROMPT + [2])
+    assert policy.select(second, [a]) is a
+    policy.on_done(first, a, True)  # no running loop: forgotten at once
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 80}  # the second request still holds them
+    policy.on_done(second, a, True)
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 0}
+    assert policy._pending == {a.url: {}} and policy._pending_of == {}

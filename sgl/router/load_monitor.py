@@ -19,7 +19,6 @@ A worker that does not answer (no such endpoint, down, timeout) has load `None`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -84,6 +83,7 @@ class LoadMonitor:
         self._workers: dict[str, _Worker] = {}
         self._client: httpx.AsyncClient | None = None
         self._running = False
+        self._ending: set[asyncio.Task[None]] = set()  # polls of removed workers, until they end
 
     # ---------------------------------------------------------------- workers
     def add_worker(self, url: str) -> None:
@@ -97,6 +97,8 @@ class LoadMonitor:
         w = self._workers.pop(url, None)
         if w is not None and w.task is not None:
             w.task.cancel()
+            self._ending.add(w.task)
+            w.task.add_done_callback(self._ending.discard)
 
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -113,9 +115,7 @@ class LoadMonitor:
         tasks = [w.task for w in self._workers.values() if w.task is not None]
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await asyncio.gather(*tasks, *self._ending, return_exceptions=True)
         for w in self._workers.values():
             w.task = None
         if self._client is not None:

@@ -42,10 +42,8 @@ on their text everywhere, in estimated tokens.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,12 +92,18 @@ class KvAwarePolicy(PolicyBase):
         self._inflight_tokens: dict[str, int] = {}
         self._routed: dict[tuple[int, str], int] = {}  # (id(req), url) -> prompt tokens
         # Pages of requests routed but not yet (surely) announced by their worker's events:
-        # url -> page hash -> number of such requests holding it; (id(req), url) -> its hashes.
-        self._pending: dict[str, Counter[int]] = {}
-        self._pending_of: dict[tuple[int, str], list[int]] = {}
+        # url -> page hash -> tokens of the live requests computing it; (id(req), url) -> (token,
+        # its hashes). An event about a page drops all its holders: they were all routed before
+        # the worker spoke, so its word (stored: the index has it; removed: evicted) wins; a
+        # request routed later holds the page again. A request's token is unique, so forgetting
+        # it later can never touch another request's hold.
+        self._pending: dict[str, dict[int, set[int]]] = {}
+        self._pending_of: dict[tuple[int, str], tuple[int, list[int]]] = {}
+        self._next_token = 0
         self._ctx: zmq.asyncio.Context | None = None
         self._client: httpx.AsyncClient | None = None
         self._evictor: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[None]] = set()  # cancelled connects, subscriber stops: awaited by stop()
         self._started = False
         self.counts = dict.fromkeys(
             ("cache_hits", "cache_misses", "precise_scores", "approx_scores", "events_received",
@@ -129,9 +133,7 @@ class KvAwarePolicy(PolicyBase):
             self._evictor = None
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await asyncio.gather(*tasks, *self._bg, return_exceptions=True)
         for w in self._workers.values():
             w.task = None
             if w.subscriber is not None:
@@ -142,7 +144,7 @@ class KvAwarePolicy(PolicyBase):
             await self._client.aclose()
             self._client = None
         if self._ctx is not None:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)  # closes any socket left open; term() alone could wait forever
             self._ctx = None
 
     def add_worker(self, worker: WorkerState) -> None:
@@ -165,9 +167,15 @@ class KvAwarePolicy(PolicyBase):
         if w is not None:
             if w.task is not None:
                 w.task.cancel()
+                self._keep(w.task)
             if w.subscriber is not None:
                 sub, w.subscriber = w.subscriber, None
-                asyncio.get_running_loop().create_task(sub.stop())
+                self._keep(asyncio.get_running_loop().create_task(sub.stop()))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a fire-and-forget task until it ends (the loop keeps only weak references)."""
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
 
     # -------------------------------------------------------------- discovery
     def _spawn_connect(self, w: _Worker) -> None:
@@ -226,7 +234,7 @@ class KvAwarePolicy(PolicyBase):
             self.index.apply(url, ev)
             if pending and isinstance(ev, (BlockStored, BlockRemoved)):
                 for h in ev.block_hashes:  # the worker has spoken about these pages: the index is the truth
-                    pending.pop(h, None)
+                    pending.pop(h, None)  # drops only the holds made before this event
             if isinstance(ev, AllBlocksCleared):
                 self.trees.clear(url)
                 self.counts["cleared"] += 1
@@ -282,7 +290,7 @@ class KvAwarePolicy(PolicyBase):
         pending = self._pending.get(url)
         n = 0
         if pending:
-            while n < len(hashes) and pending[hashes[n]] > 0:
+            while n < len(hashes) and pending.get(hashes[n]):
                 n += 1
         return n
 
@@ -324,26 +332,35 @@ class KvAwarePolicy(PolicyBase):
         self._routed[(id(req), url)] = n
         if w is not None and w.source is not None and req.token_ids is not None:
             hashes = page_hashes(req.token_ids, w.source.page_size)
-            self._pending.setdefault(url, Counter()).update(hashes)
-            self._pending_of[(id(req), url)] = hashes
+            token, self._next_token = self._next_token, self._next_token + 1
+            pending = self._pending.setdefault(url, {})
+            for h in hashes:
+                pending.setdefault(h, set()).add(token)
+            earlier = self._pending_of.pop((id(req), url), None)
+            if earlier is not None:  # routed to the same worker again (a retry): one hold is enough
+                self._forget_pending(url, *earlier)
+            self._pending_of[(id(req), url)] = (token, hashes)
 
     def on_done(self, req: RouteRequest, worker: WorkerState, ok: bool) -> None:
         n = self._routed.pop((id(req), worker.url), 0)
         if worker.url in self._inflight_tokens:
             self._inflight_tokens[worker.url] = max(0, self._inflight_tokens[worker.url] - n)
-        hashes = self._pending_of.pop((id(req), worker.url), None)
-        if hashes is not None:
+        held = self._pending_of.pop((id(req), worker.url), None)
+        if held is not None:
             try:
-                asyncio.get_running_loop().call_later(PENDING_GRACE_SECS, self._forget_pending, worker.url, hashes)
+                asyncio.get_running_loop().call_later(PENDING_GRACE_SECS, self._forget_pending, worker.url, *held)
             except RuntimeError:  # no loop (direct use in tests): forget at once
-                self._forget_pending(worker.url, hashes)
+                self._forget_pending(worker.url, *held)
 
-    def _forget_pending(self, url: str, hashes: list[int]) -> None:
+    def _forget_pending(self, url: str, token: int, hashes: list[int]) -> None:
         pending = self._pending.get(url)
-        if pending is not None:
-            pending.subtract(hashes)
-            for h in hashes:
-                if pending[h] <= 0:
+        if pending is None:
+            return
+        for h in hashes:
+            holders = pending.get(h)
+            if holders is not None:
+                holders.discard(token)
+                if not holders:
                     del pending[h]
 
     async def _evict_loop(self) -> None:
