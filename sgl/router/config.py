@@ -48,8 +48,8 @@ class RouterConfig:
     host: str = _f("127.0.0.1", "address the router binds (sglang-router's default is 0.0.0.0)", W)
     port: int = _f(30000, "port the router binds", W)
     worker_startup_timeout_secs: float = _f(1800.0, "seconds a starting or added worker gets to pass its first "
-                                                    "health check; at startup the router then serves without it "
-                                                    "and keeps probing", W)
+                                                    "health check; at startup the router serves once one listed "
+                                                    "worker passed, the others join when they pass", W)
     # routing policy
     policy: str = _f("cache_aware", "how a worker is picked for a request", P, POLICY_NAMES)
     policy_options: PolicyOptions = field(default_factory=PolicyOptions, metadata={
