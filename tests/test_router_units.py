@@ -126,6 +126,26 @@ def test_circuit_opens_half_opens_and_closes():
     assert cb.state == CLOSED and cb.opened_total == 2
 
 
+def test_half_open_admits_one_trial_at_a_time():
+    clock = Clock()
+    cb = CircuitBreaker(CircuitOptions(failure_threshold=1, success_threshold=2, timeout_secs=10), clock)
+    cb.record(False)
+    clock.t = 10.0
+    assert cb.allow() and cb.allow()  # may be chosen until a trial is sent
+    cb.begin()
+    assert cb.state == HALF_OPEN and not cb.allow()  # one trial outstanding: nothing else goes
+    cb.record(True)
+    assert cb.state == HALF_OPEN and cb.allow()
+    cb.begin()
+    cb.abandon()  # the client left: no verdict, the next trial may go
+    assert cb.allow()
+    cb.begin()
+    cb.record(True)
+    assert cb.state == CLOSED
+    cb.begin()  # closed: no trial bookkeeping
+    assert cb.allow() and cb.allow()
+
+
 def test_circuit_window_forgets_old_failures():
     clock = Clock()
     cb = CircuitBreaker(CircuitOptions(failure_threshold=2, window_secs=5), clock)

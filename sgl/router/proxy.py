@@ -123,6 +123,8 @@ class Proxy:
         w.requests_total += 1
         if ok is not None:
             w.circuit.record(ok)
+        else:
+            w.circuit.abandon()
         if ok is False:
             w.failures_total += 1
             w.last_error = error or w.last_error
@@ -185,6 +187,7 @@ class Proxy:
     async def _attempt(self, fwd: Forward, w: Worker, t0: float, final: bool) -> Response | str:
         """One try on `w`: the answer, or why to try again (the failure already counted)."""
         w.state.in_flight += 1
+        w.circuit.begin()
         resp: aiohttp.ClientResponse | None = None
         settled = False
         try:
