@@ -28,8 +28,8 @@ the holder is more than w x (its saved tokens) behind. A skewed (one hot tenant)
 not measured.
 
 Which worker holds what: `KvIndex`, fed by one `KvEventSubscriber` per worker (endpoints
-from its `/get_server_info` `kv_events` entry, or `worker.extra["server_info"]` when the
-registry already fetched it). A worker is scored *approximately* — by a prefix tree of what
+from its `/get_server_info` `kv_events` entry, fetched by the policy, retried until it
+answers). A worker is scored *approximately* — by a prefix tree of what
 this router sent it (`PrefixTrees`, capped at the worker's `max_total_tokens`, LRU) —
 while its events cannot be trusted: it publishes none, its stream has been silent for
 `kv_events_stale_secs` (the worker heartbeats about once a second), or it cleared its
@@ -185,7 +185,7 @@ class KvAwarePolicy(PolicyBase):
         if w.subscriber is not None:
             return  # fed in-process (attach_local_feed)
         url = w.state.url
-        info = w.state.extra.get("server_info")
+        info: object = None
         warned = False
         while info is None:
             try:
