@@ -6,8 +6,8 @@ joins it at its first good health check; the router serves as soon as one has (t
 join in the background; one that does not pass within `--worker-startup-timeout-secs`
 stays out until the periodic checks bring it in). Then health checks, service discovery
 and the optional Prometheus listener start, and the chat tokenizer is fetched from a
-healthy worker in the background, retried with back-off until one serves it. No module-level state: `create_app`
-(app.py) hangs one `Router` off `app.state.router`.
+healthy worker in the background, retried with back-off until one serves it. No
+module-level state: `create_app` (app.py) hangs one `Router` off `app.state.router`.
 """
 
 from __future__ import annotations
