@@ -17,6 +17,7 @@ cluster. The `kubernetes` package is imported only when discovery runs (extra `r
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import threading
@@ -51,6 +52,11 @@ def pod_worker_url(pod: Any, port: int) -> str | None:
     if ipaddress.ip_address(host).version == 6:
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def _forget_add(adding: dict[str, asyncio.Task[None]], url: str, task: asyncio.Task[None]) -> None:
+    if adding.get(url) is task:  # not a later add of the same URL
+        del adding[url]
 
 
 def _pod_key(pod: Any) -> str:
@@ -162,7 +168,7 @@ class PodDiscovery:
                         await asyncio.gather(pending, return_exceptions=True)
                     if kind == "add":
                         task = adding[url] = loop.create_task(self._call(self.on_add, kind, url))
-                        task.add_done_callback(lambda t, u=url: adding.pop(u, None) if adding.get(u) is t else None)
+                        task.add_done_callback(functools.partial(_forget_add, adding, url))
                         await asyncio.sleep(0)  # let it start: callbacks begin in the order announced
                     else:
                         await self._call(self.on_remove, kind, url)
