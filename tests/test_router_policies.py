@@ -17,7 +17,7 @@ import pytest
 from sgl.router.load_monitor import LoadMonitor, parse_load
 from sgl.router.policies import POLICY_NAMES, PolicyOptions, RouteRequest, WorkerState, make_policy
 from sgl.router.policies.cache_aware import CacheAwarePolicy, is_imbalanced
-from sgl.router.policies.prefix_trees import PrefixTrees, peek_match
+from sgl.router.policies.prefix_trees import PrefixTrees
 
 
 def workers(n: int) -> list[WorkerState]:
@@ -157,11 +157,11 @@ def test_eviction_is_lru() -> None:
     t.insert("w", [2] * 10)
     t.insert("w", [1] * 10)  # refresh [1]*10
     t.evict_to(10)
-    assert peek_match(t.tree("w"), [1] * 10) == 10
-    assert peek_match(t.tree("w"), [2] * 10) == 0
+    assert t.tree("w").prefix_len([1] * 10) == 10
+    assert t.tree("w").prefix_len([2] * 10) == 0
 
 
-def test_peek_match_does_not_modify() -> None:
+def test_prefix_len_does_not_modify() -> None:
     t = PrefixTrees()
     t.insert("w", [1, 2, 3, 4])
     tree = t.tree("w")
@@ -225,6 +225,8 @@ def test_parse_load_shapes() -> None:
     assert parse_load([{"num_waiting_tokens": 3, "num_running_tokens": 4}, {"num_running_tokens": 10}]) == 17
     assert parse_load([{"dp_rank": 0, "num_tokens": 12}]) == 12
     assert parse_load({"load": 5}) == 5
+    # sgl workers: queued prefill net of cache hits + a few tokens per running request
+    assert parse_load({"num_pending_prefill_tokens": 30, "num_running_reqs": 2, "num_waiting_tokens": 600}) == 46
     assert parse_load({"something": "else"}) is None
     assert parse_load("nope") is None
 

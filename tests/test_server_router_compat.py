@@ -124,6 +124,8 @@ def test_scheduler_snapshot_counts_load_tokens():
     snap = s.snapshot()
     assert (snap["num_running_reqs"], snap["num_running_tokens"]) == (1, 10 + 1)
     assert (snap["num_waiting_reqs"], snap["num_waiting_tokens"]) == (1, 7)
+    # b's prompt is a's first 7 tokens, cached once a was prefilled: no prefill work queued.
+    assert s.kv.tree.prefix_len(list(range(3, 10))) == 7 and snap["num_pending_prefill_tokens"] == 0
     assert snap["generated_tokens_total"] == 1 and snap["generation_tokens_total"] == 0
     held = snap["kv_used_tokens"] - snap["kv_evictable_tokens"]
     assert 10 <= held <= 11
@@ -134,7 +136,7 @@ def test_scheduler_snapshot_counts_load_tokens():
         s.step()
     snap = s.snapshot()
     assert snap["generated_tokens_total"] == snap["generation_tokens_total"] == 10
-    assert snap["num_running_tokens"] == snap["num_waiting_tokens"] == 0
+    assert snap["num_running_tokens"] == snap["num_waiting_tokens"] == snap["num_pending_prefill_tokens"] == 0
     assert snap["kv_used_tokens"] == snap["kv_evictable_tokens"]  # only the prefix cache is left
 
 

@@ -1,9 +1,12 @@
 """Worker-reported load: polls each worker's `GET /get_load` and adds what we sent since.
 
 A worker answers `/get_load` with one JSON object, or a list of them (one per DP rank);
-its load is the sum over entries of `num_waiting_tokens + num_running_tokens` (queued +
-running tokens). Workers that report only SGLang's older `num_tokens`, or a bare `load`,
-are read from those. Between two polls the router itself is the main source of change,
+its load is the sum over entries of the work standing before a new request's first token:
+`num_pending_prefill_tokens` (queued prefill net of the prefix cache, which sgl workers
+report) plus `DECODE_REQ_TOKENS` per running request; for other workers
+`num_waiting_tokens + num_running_tokens`, or SGLang's `num_tokens`, or a bare `load`.
+Full prompt lengths would overstate the load of the worker that holds a tenant's prefix
+(its queue is mostly cache hits) and push the tenant's next requests elsewhere. Between two polls the router itself is the main source of change,
 so `load(url)` is the last reported value plus the prompt tokens routed to the worker
 since that poll was *sent* (not answered: a request routed while the poll was in flight
 may not be in the answer, so it stays counted until the next one)::
@@ -46,7 +49,16 @@ def parse_load(body: object) -> int | None:
     return total if found else None
 
 
+# What a decoding request adds to the wait of a new one, in prefill tokens: a decode step
+# serves every running request at once (the weights are read once per step), so each costs
+# the queue about one token per step for the few steps it overlaps a new prefill.
+DECODE_REQ_TOKENS = 8
+
+
 def _entry_load(entry: dict[str, object]) -> int | None:
+    pending, running_reqs = _num(entry.get("num_pending_prefill_tokens")), _num(entry.get("num_running_reqs"))
+    if pending is not None:  # sgl workers: the prefill work queued, net of cache hits
+        return int(pending + DECODE_REQ_TOKENS * (running_reqs or 0))
     waiting, running = _num(entry.get("num_waiting_tokens")), _num(entry.get("num_running_tokens"))
     if waiting is not None or running is not None:
         return int((waiting or 0) + (running or 0))

@@ -7,8 +7,9 @@ For a request with token ids, each candidate worker W gets
     uncached_prefill_tokens(W) = num_prompt_tokens - num_cached_tokens(W)
     num_cached_tokens(W)       = page_size * (leading pages of the prompt's hash chain W holds,
                                  or is computing now for a request this router sent it)
-    load(W)                    = W's queued + running tokens (GET /get_load, polled)
-                                 + prompt tokens this router sent W since that poll
+    load(W)                    = W's queued prefill work net of its cache + 8 per running
+                                 request (GET /get_load, polled; see load_monitor.py)
+                                 + uncached prompt tokens this router sent W since that poll
 
 and the cheapest wins (ties: fewer in flight, then candidate order). Both terms are in
 tokens of work standing between the request and its first token on W: its own prefill
@@ -318,16 +319,16 @@ class KvAwarePolicy(PolicyBase):
         self.counts["cache_hits" if hit > 0 else "cache_misses"] += 1
         self.counts["prompt_tokens"] += n
         self.counts["predicted_cached_tokens"] += min(hit, n)
-        self._note_routed(req, chosen.url, n)
+        self._note_routed(req, chosen.url, n, max(n - hit, 0))
         return chosen
 
-    def _note_routed(self, req: RouteRequest, url: str, n: int) -> None:
+    def _note_routed(self, req: RouteRequest, url: str, n: int, uncached: int) -> None:
         key = routing_key(req)
         self.trees.insert(url, key)
         w = self._workers.get(url)
         if w is not None and w.tree_cap is not None and req.token_ids is not None:
             self.trees.evict_to(w.tree_cap, [url])  # the worker cannot hold more than its pool
-        self.monitor.note_routed(url, n)
+        self.monitor.note_routed(url, uncached)  # the prefill work it adds, as the worker counts it
         self._inflight_tokens[url] = self._inflight_tokens.get(url, 0) + n
         self._routed[(id(req), url)] = n
         if w is not None and w.source is not None and req.token_ids is not None:
