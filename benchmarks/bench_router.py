@@ -245,6 +245,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routers", default=",".join(f"{k}:{pol}" for k, pol in ROUTERS),
                    help="comma-separated kind:policy (kind sgl or sglang-router)")
+    p.add_argument("--json-name", default=None, help="results file name (default bench_router.json)")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 tenants, 24 requests")
     a = p.parse_args()
     if a.quick:
@@ -303,7 +304,7 @@ def main() -> int:
     print_table(f"{args.requests} chat requests, {args.tenants} tenants x ~600-token system prompt, Poisson "
                 f"{args.rate}/s, {args.max_tokens} new tokens; 3 workers, {args.max_total_tokens}-token pools "
                 f"(host: {cpu})", rows)
-    write_json("bench_router.quick.json" if args.quick else "bench_router.json",
+    write_json(args.json_name or ("bench_router.quick.json" if args.quick else "bench_router.json"),
                {"args": vars(args), "rows": rows, "results": results})
     return 0
 
