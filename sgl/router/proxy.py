@@ -166,10 +166,8 @@ class Proxy:
                 fwd.on_finish()
 
     async def forward_watching(self, fwd: Forward, receive: Receive) -> Response:
-        """`forward`, cancelled if the client disconnects while waiting for a non-streaming
-        answer (a stream notices a departed client itself, in `_Passthrough`)."""
-        if fwd.stream:
-            return await self.forward(fwd)
+        """`forward`, cancelled if the client disconnects while waiting for the answer (or, for
+        a stream, for its first chunk: the prefill); once a stream flows, `_Passthrough` watches."""
         task = asyncio.ensure_future(self.forward(fwd))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
