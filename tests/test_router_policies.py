@@ -7,10 +7,7 @@ router's request path calls it (`select` then the registry bumps `in_flight`).
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -18,6 +15,7 @@ from sgl.router.load_monitor import LoadMonitor, parse_load
 from sgl.router.policies import POLICY_NAMES, PolicyOptions, RouteRequest, WorkerState, make_policy
 from sgl.router.policies.cache_aware import CacheAwarePolicy, is_imbalanced
 from sgl.router.policies.prefix_trees import PrefixTrees
+from tests.json_http import JsonServer
 
 
 def workers(n: int) -> list[WorkerState]:
@@ -174,42 +172,22 @@ def test_prefix_len_does_not_modify() -> None:
 
 
 # ------------------------------------------------------------------ load polling
-class _LoadServer:
-    """A real HTTP server answering /get_load with whatever `bodies[port]` holds."""
+class _LoadServer(JsonServer):
+    """A real HTTP server answering /get_load with whatever `body` holds."""
 
     def __init__(self) -> None:
         self.body: object = {"num_waiting_tokens": 0, "num_running_tokens": 0}
         self.hits = 0
         self.key: str | None = None  # when set, answer 401 without 'Authorization: Bearer <key>'
-        outer = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path != "/get_load":
-                    self.send_error(404)
-                    return
-                if outer.key is not None and self.headers.get("authorization") != f"Bearer {outer.key}":
-                    self.send_error(401)
-                    return
-                outer.hits += 1
-                data = json.dumps(outer.body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, path: str, headers: Mapping[str, str]) -> tuple[int, object] | None:
+        if path != "/get_load":
+            return None
+        if self.key is not None and headers.get("authorization") != f"Bearer {self.key}":
+            return 401, {"error": "unauthorized"}
+        self.hits += 1
+        return 200, self.body
 
 
 @pytest.fixture

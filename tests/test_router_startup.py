@@ -5,10 +5,8 @@ fetching the workers' tokenizer until one serves it (`sgl_router_tokenizer_loade
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,47 +14,26 @@ from sgl.router.config import RouterConfig
 from sgl.router.state import Router
 from tests.server_proc import free_port
 from tests.test_router_tokenizer import _tiny_tokenizer_json
+from tests.json_http import JsonServer
 
 
-class FakeWorker:
+class FakeWorker(JsonServer):
     """/health answers 200; /get_tokenizer 503 until `tokenizer_ready` is set."""
 
     def __init__(self) -> None:
         self.tokenizer_ready = threading.Event()
         self.tokenizer_asks = 0
-        owner = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path == "/health":
-                    self._send(200, {})
-                elif self.path == "/get_tokenizer":
-                    owner.tokenizer_asks += 1
-                    if owner.tokenizer_ready.is_set():
-                        self._send(200, {"tokenizer_json": _tiny_tokenizer_json()})
-                    else:
-                        self._send(503, {"error": "busy"})
-                else:
-                    self._send(404, {})
-
-            def _send(self, status: int, body: object) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, path: str, headers: object) -> tuple[int, object]:
+        if path == "/health":
+            return 200, {}
+        if path == "/get_tokenizer":
+            self.tokenizer_asks += 1
+            if self.tokenizer_ready.is_set():
+                return 200, {"tokenizer_json": _tiny_tokenizer_json()}
+            return 503, {"error": "busy"}
+        return 404, {}
 
 
 @pytest.fixture
