@@ -19,7 +19,7 @@ into a temp folder on first use). Reported per router: aggregate cache hit rate
 figures), throughput (requests / seconds from the first arrival to the last finish), TTFT
 p50/p99 (first content chunk), and errors. Then router overhead: sequential pairs of the
 same tiny cached request sent directly to a worker and through the router, interleaved;
-overhead = p50(router) - p50(direct).
+overhead = p50 of the per-pair differences (see `overhead`).
 
 Run: .venv/bin/python benchmarks/bench_router.py [--quick] [--requests N] [--rate R]
 """
@@ -187,20 +187,32 @@ async def flush_all(workers: list[str]) -> None:
 
 
 async def overhead(direct: str, routed: str, pairs: int) -> dict[str, float]:
-    """p50 of a tiny cached /generate sent directly vs through the router, interleaved."""
+    """Router overhead: the same call sent directly to a worker and through the router,
+    alternating, `pairs` times; the p50 of the per-pair differences. Two calls: a tiny
+    cached /generate (routing + proxy + the worker's own variance) and GET /get_model_info
+    (the proxy path alone, a few ms of worker time, so the difference is not drowned)."""
     body = {"text": "Say hi.", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    times: dict[str, list[float]] = {"direct": [], "router": []}
+    out: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=30.0, trust_env=False) as c:
-        for base in (direct, routed):  # warm both paths and the prompt's cache
-            for _ in range(3):
-                (await c.post(f"{base}/generate", json=body)).raise_for_status()
-        for _ in range(pairs):
-            for key, base in (("direct", direct), ("router", routed)):
-                t0 = time.perf_counter()
-                (await c.post(f"{base}/generate", json=body)).raise_for_status()
-                times[key].append(time.perf_counter() - t0)
-    d, r = statistics.median(times["direct"]), statistics.median(times["router"])
-    return {"direct_p50_ms": d * 1e3, "router_p50_ms": r * 1e3, "overhead_p50_ms": (r - d) * 1e3}
+        for label, method, path, kw in (("generate", "POST", "/generate", {"json": body}),
+                                        ("model_info", "GET", "/get_model_info", {})):
+            for base in (direct, routed):  # warm both paths (and the prompt's cache)
+                for _ in range(3):
+                    (await c.request(method, f"{base}{path}", **kw)).raise_for_status()
+            diffs, d_all, r_all = [], [], []
+            for _ in range(pairs):
+                t = []
+                for base in (direct, routed):
+                    t0 = time.perf_counter()
+                    (await c.request(method, f"{base}{path}", **kw)).raise_for_status()
+                    t.append(time.perf_counter() - t0)
+                d_all.append(t[0])
+                r_all.append(t[1])
+                diffs.append(t[1] - t[0])
+            out[f"{label}_direct_p50_ms"] = statistics.median(d_all) * 1e3
+            out[f"{label}_router_p50_ms"] = statistics.median(r_all) * 1e3
+            out[f"{label}_overhead_p50_ms"] = statistics.median(diffs) * 1e3
+    return out
 
 
 def router_stats(base: str) -> dict[str, float]:
@@ -224,14 +236,16 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tenants", type=int, default=16)
     p.add_argument("--system-words", type=int, default=430, help="~600 tokens with this model's tokenizer")
-    p.add_argument("--requests", type=int, default=192)
-    p.add_argument("--rate", type=float, default=2.0, help="Poisson arrival rate, requests/s")
+    p.add_argument("--requests", type=int, default=80)
+    p.add_argument("--rate", type=float, default=0.4, help="Poisson arrival rate, requests/s (3 workers on 2 cores:"
+                   " a cold ~600-token prefill takes seconds here)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--max-total-tokens", type=int, default=4096, help="KV pool of each worker")
-    p.add_argument("--overhead-pairs", type=int, default=60)
+    p.add_argument("--overhead-pairs", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routers", default=",".join(f"{k}:{pol}" for k, pol in ROUTERS),
                    help="comma-separated kind:policy (kind sgl or sglang-router)")
+    p.add_argument("--json-name", default=None, help="results file name (default bench_router.json)")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 tenants, 24 requests")
     a = p.parse_args()
     if a.quick:
@@ -271,7 +285,8 @@ def main() -> int:
             results[name] = res
             print(f"  {name}: hit {res['hit_rate']:.3f}, {res['req_s']:.2f} req/s, TTFT p50 {res['ttft_p50']:.3f} s"
                   f" p99 {res['ttft_p99']:.3f} s, errors {res['errors']}, overhead p50"
-                  f" {res['overhead']['overhead_p50_ms']:.2f} ms", flush=True)
+                  f" {res['overhead']['generate_overhead_p50_ms']:.2f} ms (/generate),"
+                  f" {res['overhead']['model_info_overhead_p50_ms']:.2f} ms (proxy only)", flush=True)
             if res["policy_stats"]:
                 print("    policy: " + ", ".join(f"{k}={v:g}" for k, v in sorted(res["policy_stats"].items())))
     rows = []
@@ -284,11 +299,12 @@ def main() -> int:
                      "hit x rr": r["hit_rate"] / rr["hit_rate"] if rr.get("hit_rate") else "",
                      "req/s": r["req_s"], "req/s x rr": r["req_s"] / rr["req_s"] if rr.get("req_s") else "",
                      "TTFT p50 s": r["ttft_p50"], "TTFT p99 s": r["ttft_p99"], "errors": r["errors"],
-                     "overhead p50 ms": r["overhead"]["overhead_p50_ms"]})
+                     "overhead p50 ms /generate": r["overhead"]["generate_overhead_p50_ms"],
+                     "overhead p50 ms proxy": r["overhead"]["model_info_overhead_p50_ms"]})
     print_table(f"{args.requests} chat requests, {args.tenants} tenants x ~600-token system prompt, Poisson "
                 f"{args.rate}/s, {args.max_tokens} new tokens; 3 workers, {args.max_total_tokens}-token pools "
                 f"(host: {cpu})", rows)
-    write_json("bench_router.quick.json" if args.quick else "bench_router.json",
+    write_json(args.json_name or ("bench_router.quick.json" if args.quick else "bench_router.json"),
                {"args": vars(args), "rows": rows, "results": results})
     return 0
 

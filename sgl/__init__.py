@@ -1,28 +1,34 @@
 """sgl: structured-generation programs on a RadixAttention engine.
 
 `import sgl` mirrors `import sglang as sgl`: the DSL functions and backends are
-re-exported here, and `sgl.Engine` (the offline engine, which needs torch) is
-imported only when first used, so DSL clients stay light.
+re-exported here, each imported when first used (so `sgl.router` and `sgl.kv_events`
+load no DSL, and DSL clients never load `sgl.Engine`, which needs torch).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sgl.lang.api import (assistant, assistant_begin, assistant_end, flush_cache, function, gen, gen_int, gen_string,
-                          get_server_info, select, set_default_backend, system, system_begin, system_end, user,
-                          user_begin, user_end)
-from sgl.lang.backends.base import Backend, BackendError
-from sgl.lang.choices import (ChoicesDecision, ChoicesSamplingMethod, greedy_token_selection, token_length_normalized,
-                              unconditional_likelihood_normalized)
-from sgl.lang.global_config import global_config
-from sgl.lang.interpreter import ProgramError
-from sgl.lang.function import SglFunction
-from sgl.lang.state import ProgramState, ProgramStateGroup
-
 __version__ = "0.1.0"
 
+_API = ("assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
+        "get_server_info", "select", "set_default_backend", "system", "system_begin", "system_end", "user",
+        "user_begin", "user_end")
+_CHOICES = ("ChoicesDecision", "ChoicesSamplingMethod", "greedy_token_selection", "token_length_normalized",
+            "unconditional_likelihood_normalized")
+
+# name -> (module, attribute), imported on first use (PEP 562), so `import sgl.router` or
+# `import sgl.kv_events` does not load the DSL, and the DSL does not load the engine.
 _LAZY = {
+    **{name: ("sgl.lang.api", name) for name in _API},
+    **{name: ("sgl.lang.choices", name) for name in _CHOICES},
+    "Backend": ("sgl.lang.backends.base", "Backend"),
+    "BackendError": ("sgl.lang.backends.base", "BackendError"),
+    "global_config": ("sgl.lang.global_config", "global_config"),
+    "ProgramError": ("sgl.lang.interpreter", "ProgramError"),
+    "SglFunction": ("sgl.lang.function", "SglFunction"),
+    "ProgramState": ("sgl.lang.state", "ProgramState"),
+    "ProgramStateGroup": ("sgl.lang.state", "ProgramStateGroup"),
     "Engine": ("sgl.runtime.engine", "Engine"),
     "Runtime": ("sgl.lang.backends.runtime", "Runtime"),
     "RuntimeEndpoint": ("sgl.lang.backends.http", "RuntimeEndpoint"),
@@ -40,6 +46,10 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'sgl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

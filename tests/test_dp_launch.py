@@ -56,6 +56,19 @@ def test_plan_ports_ranks_and_router_command():
     # each worker is told its replica index when the engine has the option (KV event ports, batches)
     ranked = plan(Namespace(**{**vars(args), "data_parallel_rank": None}), argv, parser)
     assert [cmd[cmd.index("--data-parallel-rank") + 1] for cmd in ranked["workers"]] == ["0", "1", "2"]
+    assert "--api-key" not in r
+
+
+def test_api_key_guards_the_router_too_and_policy_is_checked(capsys):
+    parser = build_parser()
+    argv = ["--dp-size", "2", "--port", "40000", "--api-key", "sekrit"]
+    p = plan(parser.parse_args(argv), argv, parser)
+    r = p["router"]
+    assert r[r.index("--api-key") + 1] == "sekrit"  # the router is not left open, and authenticates to workers
+    assert all(cmd[cmd.index("--api-key") + 1] == "sekrit" for cmd in p["workers"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dp-size", "2", "--router-policy", "fastest"])
+    assert "--router-policy" in capsys.readouterr().err
 
 
 def _free_run(n: int) -> int:

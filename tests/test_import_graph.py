@@ -159,3 +159,12 @@ def test_the_dsl_reads_only_the_plain_sampling_schema_of_the_runtime():
     for mod in (m for m in edges if _in("sgl.lang", m)):
         bad = sorted(m for m in reachable(edges, mod, with_parents=True) if _in("sgl.runtime", m) and m not in allowed)
         assert not bad, f"{mod} reaches {bad}"
+
+
+def test_the_router_imports_only_radix_kv_events_and_the_shared_auth_guard():
+    allowed = ("sgl.router", "sgl.radix", "sgl.kv_events", "sgl.http_auth")
+    edges, _ = import_graph()
+    assert not edges["sgl.http_auth"], "sgl/http_auth.py is shared by server and router: it imports nothing of sgl"
+    for mod in (m for m in edges if _in("sgl.router", m)):
+        bad = sorted(m for m in reachable(edges, mod) if not any(_in(p, m) for p in allowed))
+        assert not bad, f"{mod} reaches {bad}"

@@ -225,6 +225,36 @@ def test_watch_resumes_from_last_version_relists_on_410_and_backs_off_on_errors(
 
 
 @pytest.mark.timeout(60)
+def test_an_add_that_waits_blocks_neither_other_adds_nor_its_removal():
+    server = ApiServer([
+        (200, [(DATA / "list_48400.json").read_text().replace("\n", "")], False),  # W0, W1
+        (200, lines("rollout.jsonl")[7:10], True),                                  # W0 out, then in again
+    ])
+    calls: list[tuple[str, str]] = []
+    first = [True]
+
+    async def on_add(url: str) -> None:
+        calls.append(("add", url))
+        if url == W0 and first[0]:  # the first W0 never passes its health check
+            first[0] = False
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                calls.append(("cancelled", url))
+                raise
+
+    async def on_remove(url: str) -> None:
+        calls.append(("remove", url))
+
+    d = discovery(on_add=on_add, on_remove=on_remove, api_client=_api_client(server.url))
+    try:
+        asyncio.run(_run_until(d, server, calls, n_requests=2, n_calls=5))
+    finally:
+        server.close()
+    assert calls == [("add", W0), ("add", W1), ("cancelled", W0), ("remove", W0), ("add", W0)]
+
+
+@pytest.mark.timeout(60)
 def test_all_namespaces_without_a_namespace():
     empty = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": []})
     server = ApiServer([(200, [empty], False), (200, lines("rollout.jsonl")[:5], True)])

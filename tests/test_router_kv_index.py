@@ -10,11 +10,8 @@ from a real HTTP server.
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import zmq
@@ -34,6 +31,7 @@ from sgl.router.kv_index import KvIndex
 from sgl.router.kv_subscriber import event_source
 from sgl.router.policies import PolicyOptions, RouteRequest, WorkerState, make_policy
 from sgl.router.policies.kv_aware import KvAwarePolicy
+from tests.json_http import JsonServer
 
 PAGE = 16
 TOPIC = "kv-events"
@@ -133,37 +131,17 @@ class TinyPublisher:
         self.router.close(linger=0)
 
 
-class InfoServer:
+class InfoServer(JsonServer):
     """A real HTTP server with a worker's /get_server_info and /get_load."""
 
     def __init__(self) -> None:
         self.info: object = {"kv_events": None}
         self.load = {"num_waiting_tokens": 0, "num_running_tokens": 0}
-        outer = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                body = {"/get_server_info": outer.info, "/get_load": outer.load}.get(self.path)
-                if body is None:
-                    self.send_error(404)
-                    return
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, path: str, headers: object) -> tuple[int, object] | None:
+        body = {"/get_server_info": self.info, "/get_load": self.load}.get(path)
+        return None if body is None else (200, body)
 
 
 @pytest.fixture
@@ -394,3 +372,26 @@ def test_kv_aware_counts_pages_in_flight_before_their_events(info_servers: list[
             await _teardown(ctx, pubs, policy)
 
     run(body)
+
+
+def test_kv_aware_pending_pages_are_exact_per_request() -> None:
+    """An older request's hold, forgotten after its worker spoke about the pages (stored,
+    then evicted), must not cancel a newer request's hold on the same pages."""
+    policy = make_policy("kv_aware", PolicyOptions(eviction_interval_secs=0))
+    assert isinstance(policy, KvAwarePolicy)
+    a = WorkerState("http://a")
+    policy.add_worker(a)
+    feed = policy.attach_local_feed(a.url, PAGE)
+    first = RouteRequest("/generate", "", PROMPT + [1])
+    assert policy.select(first, [a]) is a
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 80}  # in flight: counts as held
+    feed.push(KVEventBatch(0.0, [stored(PROMPT)], None))
+    feed.push(KVEventBatch(0.0, [BlockRemoved(page_hashes(PROMPT, PAGE), "cpu")], None))
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 0}  # evicted: the worker's word wins
+    second = RouteRequest("/generate", "", PROMPT + [2])
+    assert policy.select(second, [a]) is a
+    policy.on_done(first, a, True)  # no running loop: forgotten at once
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 80}  # the second request still holds them
+    policy.on_done(second, a, True)
+    assert policy.cached_tokens(REQ, [a.url]) == {a.url: 0}
+    assert policy._pending == {a.url: {}} and policy._pending_of == {}

@@ -7,17 +7,15 @@ router's request path calls it (`select` then the registry bumps `in_flight`).
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator, Mapping
 
 import pytest
 
 from sgl.router.load_monitor import LoadMonitor, parse_load
 from sgl.router.policies import POLICY_NAMES, PolicyOptions, RouteRequest, WorkerState, make_policy
 from sgl.router.policies.cache_aware import CacheAwarePolicy, is_imbalanced
-from sgl.router.policies.prefix_trees import PrefixTrees, peek_match
+from sgl.router.policies.prefix_trees import PrefixTrees
+from tests.json_http import JsonServer
 
 
 def workers(n: int) -> list[WorkerState]:
@@ -157,11 +155,11 @@ def test_eviction_is_lru() -> None:
     t.insert("w", [2] * 10)
     t.insert("w", [1] * 10)  # refresh [1]*10
     t.evict_to(10)
-    assert peek_match(t.tree("w"), [1] * 10) == 10
-    assert peek_match(t.tree("w"), [2] * 10) == 0
+    assert t.tree("w").prefix_len([1] * 10) == 10
+    assert t.tree("w").prefix_len([2] * 10) == 0
 
 
-def test_peek_match_does_not_modify() -> None:
+def test_prefix_len_does_not_modify() -> None:
     t = PrefixTrees()
     t.insert("w", [1, 2, 3, 4])
     tree = t.tree("w")
@@ -174,38 +172,22 @@ def test_peek_match_does_not_modify() -> None:
 
 
 # ------------------------------------------------------------------ load polling
-class _LoadServer:
-    """A real HTTP server answering /get_load with whatever `bodies[port]` holds."""
+class _LoadServer(JsonServer):
+    """A real HTTP server answering /get_load with whatever `body` holds."""
 
     def __init__(self) -> None:
         self.body: object = {"num_waiting_tokens": 0, "num_running_tokens": 0}
         self.hits = 0
-        outer = self
+        self.key: str | None = None  # when set, answer 401 without 'Authorization: Bearer <key>'
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path != "/get_load":
-                    self.send_error(404)
-                    return
-                outer.hits += 1
-                data = json.dumps(outer.body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, path: str, headers: Mapping[str, str]) -> tuple[int, object] | None:
+        if path != "/get_load":
+            return None
+        if self.key is not None and headers.get("authorization") != f"Bearer {self.key}":
+            return 401, {"error": "unauthorized"}
+        self.hits += 1
+        return 200, self.body
 
 
 @pytest.fixture
@@ -221,6 +203,8 @@ def test_parse_load_shapes() -> None:
     assert parse_load([{"num_waiting_tokens": 3, "num_running_tokens": 4}, {"num_running_tokens": 10}]) == 17
     assert parse_load([{"dp_rank": 0, "num_tokens": 12}]) == 12
     assert parse_load({"load": 5}) == 5
+    # sgl workers: queued prefill net of cache hits + a few tokens per running request
+    assert parse_load({"num_pending_prefill_tokens": 30, "num_running_reqs": 2, "num_waiting_tokens": 600}) == 46
     assert parse_load({"something": "else"}) is None
     assert parse_load("nope") is None
 
@@ -251,6 +235,24 @@ def test_load_monitor_polls_real_server(load_servers: list[_LoadServer]) -> None
         await mon.stop()
         assert mon.load(b.url) == 7
         assert mon.stats()["load_polls_ok"] >= 3
+
+    asyncio.run(main())
+
+
+def test_policy_load_polls_send_the_workers_key(load_servers: list[_LoadServer]) -> None:
+    async def main() -> None:
+        a, _ = load_servers
+        a.key = "k1"
+        a.body = {"num_waiting_tokens": 9, "num_running_tokens": 0}
+        for name in ("power_of_two", "kv_aware"):
+            keyed = make_policy(name, PolicyOptions(worker_headers=(("authorization", "Bearer k1"),)))
+            keyed.add_worker(WorkerState(a.url))
+            assert await keyed.monitor.poll_once(a.url)  # type: ignore[attr-defined]
+            assert keyed.monitor.load(a.url) == 9  # type: ignore[attr-defined]
+        bare = LoadMonitor()
+        bare.add_worker(a.url)
+        assert not await bare.poll_once(a.url)  # 401 without the key: load unknown
+        assert bare.stats()["load_polls_failed"] == 1
 
     asyncio.run(main())
 

@@ -224,8 +224,20 @@ def test_other_policies_route(workers, policy):
                                                         "max_tokens": 2})
             assert chat.status_code == 200, chat.text
             assert 'sgl_router_requests_total{route="/generate",status="200"} 3.0' in c.get("/metrics").text
+            if policy in ("power_of_two", "kv_aware"):  # their own /get_load calls carry the workers' key
+                assert _eventually_positive(c, f'sgl_router_load_polls_ok{{policy="{policy}"}}')
     finally:
         r.stop()
+
+
+def _eventually_positive(c: httpx.Client, series: str, wait_s: float = 60) -> bool:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for line in c.get("/metrics").text.splitlines():
+            if line.startswith(series + " ") and float(line.split()[-1]) > 0:
+                return True
+        time.sleep(0.2)
+    return False
 
 
 def test_client_that_leaves_aborts_the_worker_request(http, workers):

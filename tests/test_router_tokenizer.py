@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
 from sgl.router.tokenizer import RouterTokenizer, fetch_tokenizer
+from tests.json_http import JsonServer
 
 TEXTS = [
     "Hello, world!",
@@ -116,31 +115,9 @@ def _tiny_tokenizer_json() -> str:
     return t.to_str()
 
 
-class _TokenizerServer:
+class _TokenizerServer(JsonServer):
     def __init__(self, payload: dict[str, Any] | None) -> None:
-        body = json.dumps(payload).encode() if payload is not None else None
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path != "/get_tokenizer" or body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(lambda path, _: (200, payload) if path == "/get_tokenizer" and payload is not None else None)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from sgl.launch_router import build_parser, parse
 from sgl.router.admission import Admission, Rejected
 from sgl.router.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOptions
 from sgl.router.config import RouterConfig, flag_name
+from sgl.router.policies import POLICY_NAMES, PolicyOptions
 from sgl.router.retry import RetryOptions, retryable_status
 from sgl.router.route_input import route_request
 
@@ -22,8 +23,22 @@ from sgl.router.route_input import route_request
 def test_every_field_is_a_flag_with_help():
     help_text = build_parser().format_help()
     for f in dataclasses.fields(RouterConfig):
-        assert "--" + flag_name(f.name) in help_text
         assert f.metadata["help"]
+        if f.name != "policy_options":
+            assert "--" + flag_name(f.name) in help_text
+    for f in dataclasses.fields(PolicyOptions):  # the policies' knobs: declared once, there
+        assert f.metadata["help"]
+        assert ("--" + flag_name(f.name) in help_text) == (f.name != "worker_headers")
+
+
+def test_policy_flags_come_from_policy_options():
+    cfg = parse(["--policy", "kv_aware", "--kv-aware-prefill-weight", "8", "--kv-events-stale-secs", "5",
+                 "--load-poll-interval-secs", "0.5", "--cache-threshold", "0.4"])
+    assert cfg.policy_options == PolicyOptions(kv_aware_prefill_weight=8, kv_events_stale_secs=5,
+                                               load_poll_interval_secs=0.5, cache_threshold=0.4)
+    assert parse([]).policy_options == PolicyOptions()
+    assert set(POLICY_NAMES) == {"cache_aware", "round_robin", "random", "power_of_two", "kv_aware"}
+    assert "--policy {" + ",".join(POLICY_NAMES) + "}" in build_parser().format_help().replace("\n", " ")
 
 
 def test_sglang_router_flag_names_are_accepted():
@@ -46,6 +61,7 @@ def test_sglang_router_flag_names_are_accepted():
     assert cfg.request_id_headers == ["x-trace-id"]
     assert cfg.max_attempts == 1 and cfg.disable_circuit_breaker and cfg.service_discovery
     assert (cfg.cb_failure_threshold, cfg.queue_size, cfg.prometheus_port) == (4, 4, 29001)
+    assert (cfg.policy_options.cache_threshold, cfg.policy_options.max_tree_size) == (0.5, 1000)
 
 
 def test_defaults():
@@ -62,7 +78,8 @@ def test_defaults():
     (["--service-discovery"], "--selector"),
     (["--selector", "novalue"], "--selector"),
     (["--max-concurrent-requests", "0"], "--max-concurrent-requests"),
-    (["--cache-threshold", "1.5"], "cache_threshold"),
+    (["--cache-threshold", "1.5"], "--cache-threshold"),
+    (["--load-poll-interval-secs", "0"], "--load-poll-interval-secs"),
     (["--health-check-endpoint", "health"], "--health-check-endpoint"),
 ])
 def test_bad_flags_are_usage_errors_naming_the_flag(argv, needle, capsys):
@@ -107,6 +124,26 @@ def test_circuit_opens_half_opens_and_closes():
     assert cb.state == HALF_OPEN
     cb.record(True)
     assert cb.state == CLOSED and cb.opened_total == 2
+
+
+def test_half_open_admits_one_trial_at_a_time():
+    clock = Clock()
+    cb = CircuitBreaker(CircuitOptions(failure_threshold=1, success_threshold=2, timeout_secs=10), clock)
+    cb.record(False)
+    clock.t = 10.0
+    assert cb.allow() and cb.allow()  # may be chosen until a trial is sent
+    cb.begin()
+    assert cb.state == HALF_OPEN and not cb.allow()  # one trial outstanding: nothing else goes
+    cb.record(True)
+    assert cb.state == HALF_OPEN and cb.allow()
+    cb.begin()
+    cb.abandon()  # the client left: no verdict, the next trial may go
+    assert cb.allow()
+    cb.begin()
+    cb.record(True)
+    assert cb.state == CLOSED
+    cb.begin()  # closed: no trial bookkeeping
+    assert cb.allow() and cb.allow()
 
 
 def test_circuit_window_forgets_old_failures():
@@ -218,6 +255,10 @@ def test_route_inputs():
     ("/generate", {"input_ids": ["a"]}, "input_ids"),
     ("/v1/completions", {"prompt": {"x": 1}}, "prompt"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/generate", {"input_ids": [1, -1]}, "input_ids"),
+    ("/generate", {"input_ids": [[2**32]]}, "input_ids"),
+    ("/generate", {"input_ids": [1.5]}, "input_ids"),
+    ("/v1/completions", {"prompt": [3, 2**40]}, "prompt"),
 ])
 def test_bad_route_input_names_the_field(endpoint, body, field):
     with pytest.raises(ValueError, match=field):
@@ -245,3 +286,58 @@ def test_health_streaks_take_a_worker_out_and_back():
         w.circuit.record(False)  # an open circuit also leaves rotation
     assert [c.url for c in reg.candidates()] == ["http://w2"]
     assert reg.remove("http://w2") is not None and reg.candidates() == []
+
+
+# ---- proxy: the policy is always asked, and its failure is not the request's --------------------
+
+
+class _CountingPolicy:
+    name = "counting"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.selects, self.added = fail, 0, []
+
+    def add_worker(self, worker):  # noqa: ANN001
+        self.added.append(worker.url)
+
+    def remove_worker(self, url):  # noqa: ANN001
+        pass
+
+    def select(self, req, candidates):  # noqa: ANN001
+        self.selects += 1
+        if self.fail:
+            raise KeyError("policy bug")
+        return candidates[-1]
+
+
+def _proxy(policy, urls):  # noqa: ANN001
+    from sgl.router.metrics import RouterMetrics
+    from sgl.router.proxy import Proxy
+    from sgl.router.registry import Registry
+
+    reg = Registry(policy, CircuitOptions())
+    for u in urls:
+        reg.add(u)
+    return Proxy(reg, policy, None, None, RetryOptions(1), RouterMetrics(lambda: {}),  # type: ignore[arg-type]
+                 lambda url: None, 1.0), reg
+
+
+def test_policy_is_asked_even_with_one_candidate():
+    from sgl.router.policies import RouteRequest
+    from sgl.router.proxy import Forward
+
+    policy = _CountingPolicy()
+    proxy, _ = _proxy(policy, ["http://w1"])
+    fwd = Forward("POST", "/generate", "/generate", b"{}", {}, route_req=RouteRequest("/generate", "hi"))
+    assert proxy._choose(fwd, []).url == "http://w1" and policy.selects == 1
+
+
+def test_a_failing_policy_falls_back_to_the_least_loaded_worker():
+    from sgl.router.policies import RouteRequest
+    from sgl.router.proxy import Forward
+
+    policy = _CountingPolicy(fail=True)
+    proxy, reg = _proxy(policy, ["http://w1", "http://w2"])
+    reg.get("http://w1").state.in_flight = 3  # type: ignore[union-attr]
+    fwd = Forward("POST", "/generate", "/generate", b"{}", {}, route_req=RouteRequest("/generate", "hi"))
+    assert proxy._choose(fwd, []).url == "http://w2" and policy.selects == 1

@@ -108,8 +108,8 @@ def test_router_endpoints_on_a_bare_engine(http):
     # an engine that reports nothing has no load; a tokenizer that is not a fast one cannot be exported
     assert http.get("/get_load").json() == [{
         "dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "num_running_reqs": 0,
-        "num_running_tokens": 0, "num_waiting_tokens": 0, "kv_total_tokens": 0, "kv_used_tokens": 0,
-        "kv_evictable_tokens": 0}]
+        "num_running_tokens": 0, "num_waiting_tokens": 0, "num_pending_prefill_tokens": 0, "kv_total_tokens": 0,
+        "kv_used_tokens": 0, "kv_evictable_tokens": 0}]
     r = http.get("/get_tokenizer")
     assert r.status_code == 501 and "fast tokenizer" in r.json()["error"]["message"]
 

@@ -74,12 +74,14 @@ def test_model_rule_accepts_only_names_of_this_model():
 
 def test_load_entry_has_sglang_fields_and_ours():
     info = {"num_running_reqs": 2, "num_waiting_reqs": 3, "num_running_tokens": 300, "num_waiting_tokens": 120,
-            "kv_total_tokens": 4096, "kv_used_tokens": 900, "kv_evictable_tokens": 650, "other": "x"}
+            "num_pending_prefill_tokens": 40, "kv_total_tokens": 4096, "kv_used_tokens": 900,
+            "kv_evictable_tokens": 650, "other": "x"}
     assert load_entry(info) == {
         "dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 3,
         "num_tokens": 900 - 650 + 120,  # held by requests + to be prefilled; the cache is not load
         "num_running_reqs": 2, "num_running_tokens": 300, "num_waiting_tokens": 120,
-        "kv_total_tokens": 4096, "kv_used_tokens": 900, "kv_evictable_tokens": 650}
+        "num_pending_prefill_tokens": 40, "kv_total_tokens": 4096, "kv_used_tokens": 900,
+        "kv_evictable_tokens": 650}
     assert load_entry({})["num_tokens"] == 0
 
 
@@ -124,6 +126,8 @@ def test_scheduler_snapshot_counts_load_tokens():
     snap = s.snapshot()
     assert (snap["num_running_reqs"], snap["num_running_tokens"]) == (1, 10 + 1)
     assert (snap["num_waiting_reqs"], snap["num_waiting_tokens"]) == (1, 7)
+    # b's prompt is a's first 7 tokens, cached once a was prefilled: no prefill work queued.
+    assert s.kv.tree.prefix_len(list(range(3, 10))) == 7 and snap["num_pending_prefill_tokens"] == 0
     assert snap["generated_tokens_total"] == 1 and snap["generation_tokens_total"] == 0
     held = snap["kv_used_tokens"] - snap["kv_evictable_tokens"]
     assert 10 <= held <= 11
@@ -134,7 +138,7 @@ def test_scheduler_snapshot_counts_load_tokens():
         s.step()
     snap = s.snapshot()
     assert snap["generated_tokens_total"] == snap["generation_tokens_total"] == 10
-    assert snap["num_running_tokens"] == snap["num_waiting_tokens"] == 0
+    assert snap["num_running_tokens"] == snap["num_waiting_tokens"] == snap["num_pending_prefill_tokens"] == 0
     assert snap["kv_used_tokens"] == snap["kv_evictable_tokens"]  # only the prefix cache is left
 
 
@@ -340,14 +344,14 @@ def test_get_load_shape_and_idle_cache_is_not_load(workers):
     assert isinstance(loads, list) and len(loads) == 1
     e = loads[0]
     assert set(e) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "num_running_reqs",
-                      "num_running_tokens", "num_waiting_tokens", "kv_total_tokens", "kv_used_tokens",
-                      "kv_evictable_tokens"}
+                      "num_running_tokens", "num_waiting_tokens", "num_pending_prefill_tokens",
+                      "kv_total_tokens", "kv_used_tokens", "kv_evictable_tokens"}
     assert all(isinstance(v, int) for v in e.values())
     assert e["kv_total_tokens"] == 4096 and e["dp_rank"] == 0
     # idle: the prompt stays cached (used, evictable) but is nobody's load
     assert e["num_reqs"] == e["num_running_reqs"] == e["num_waiting_reqs"] == 0
     assert e["kv_used_tokens"] >= r.json()["meta_info"]["prompt_tokens"]
-    assert e["kv_evictable_tokens"] == e["kv_used_tokens"] and e["num_tokens"] == 0
+    assert e["kv_evictable_tokens"] == e["kv_used_tokens"] and e["num_tokens"] == e["num_pending_prefill_tokens"] == 0
 
 
 TEXTS = ["Hello, world!", "The year 2024 had 366 days; 3.14159 != 22/7.", "naïve café — 東京 🚀 emoji",

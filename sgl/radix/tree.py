@@ -166,6 +166,21 @@ class RadixTree:
         return MatchResult(values, node)
 
     # ----------------------------------------------------------------- insert
+    def prefix_len(self, key: Sequence[int]) -> int:
+        """Length of the longest cached prefix of ``key``, read-only: no split, no LRU touch
+        (for load estimates and routers, which must not disturb eviction order)."""
+        node, pos, n = self.root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            k = _common_len(child.key, key, pos)
+            pos += k
+            if k < len(child.key):
+                break
+            node = child
+        return pos
+
     def insert(self, key: Sequence[int], value: Sequence[int]) -> int:
         """Store ``key -> value``; return how many leading tokens were already cached.
 

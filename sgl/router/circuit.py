@@ -5,6 +5,10 @@
     half_open --(success_threshold successes)--> closed
     half_open --(any failure)--> open (the timeout starts again)
 
+Half-open admits one trial at a time: `allow()` says whether the worker may be *chosen*;
+the request path calls `begin()` when it sends one there, and `record()` (or `abandon()`,
+when the client left) ends the trial, so the next may go.
+
 Health checks are a separate signal (registry.py): a worker is routed to only when it is
 healthy *and* its circuit allows. The clock is injectable so the transitions are tested
 without sleeping.
@@ -38,6 +42,7 @@ class CircuitBreaker:
         self._last_failure = 0.0
         self._successes = 0  # while half-open
         self._opened_at = 0.0
+        self._trial = False  # a half-open trial request is outstanding
         self.opened_total = 0
 
     @property
@@ -51,10 +56,20 @@ class CircuitBreaker:
         if not self.opts.enabled:
             return True
         if self._state == OPEN and self.clock() - self._opened_at >= self.opts.timeout_secs:
-            self._state, self._successes = HALF_OPEN, 0
-        return self._state != OPEN
+            self._state, self._successes, self._trial = HALF_OPEN, 0, False
+        return self._state == CLOSED or (self._state == HALF_OPEN and not self._trial)
+
+    def begin(self) -> None:
+        """A request is being sent to this worker; while half-open it is the one trial."""
+        if self.opts.enabled and self._state == HALF_OPEN:
+            self._trial = True
+
+    def abandon(self) -> None:
+        """The request ended without a verdict on the worker (the client left)."""
+        self._trial = False
 
     def record(self, ok: bool) -> None:
+        self._trial = False
         if not self.opts.enabled:
             return
         now = self.clock()

@@ -20,7 +20,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "kv_aware")
+from sgl.router.policies import POLICY_NAMES
+from sgl.router.policies.options import PolicyOptions
+
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error", "critical")
 DEFAULT_REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "x-trace-id", "request-id")
 
@@ -46,19 +48,13 @@ class RouterConfig:
     host: str = _f("127.0.0.1", "address the router binds (sglang-router's default is 0.0.0.0)", W)
     port: int = _f(30000, "port the router binds", W)
     worker_startup_timeout_secs: float = _f(1800.0, "seconds a starting or added worker gets to pass its first "
-                                                    "health check; at startup the router then serves without it "
-                                                    "and keeps probing", W)
+                                                    "health check; at startup the router serves once one listed "
+                                                    "worker passed, the others join when they pass", W)
     # routing policy
-    policy: str = _f("cache_aware", "how a worker is picked for a request", P, POLICIES)
-    cache_threshold: float = _f(0.3, "cache_aware: smallest prefix-match ratio that routes by cache "
-                                     "(below it, to the least-loaded worker)", P)
-    balance_abs_threshold: int = _f(64, "cache_aware: load gap (max - min in-flight) above which the policy "
-                                        "balances instead of following the cache (with the relative threshold)", P)
-    balance_rel_threshold: float = _f(1.5, "cache_aware: load ratio (max / min in-flight) above which the policy "
-                                           "balances (with the absolute threshold)", P)
-    eviction_interval_secs: float = _f(60.0, "cache_aware: seconds between prunings of the approximate trees", P)
-    max_tree_size: int = _f(67108864, "cache_aware: characters (or tokens) one worker's approximate tree keeps "
-                                      "after a pruning", P)
+    policy: str = _f("cache_aware", "how a worker is picked for a request", P, POLICY_NAMES)
+    policy_options: PolicyOptions = field(default_factory=PolicyOptions, metadata={
+        "help": "the policies' knobs; one flag per PolicyOptions field (--cache-threshold, ...)", "group": P,
+        "nested": PolicyOptions})
     # service discovery
     service_discovery: bool = _f(False, "find workers as Kubernetes pods (needs the kubernetes package)", S)
     selector: dict[str, str] = _f({}, "pod label selector for service discovery: key=value ...", S)
@@ -119,8 +115,7 @@ class RouterConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{flag_name(name)} must be > 0; got {getattr(self, name)}")
-        for name in ("queue_size", "retry_initial_backoff_ms", "retry_max_backoff_ms", "cache_threshold",
-                     "balance_abs_threshold", "balance_rel_threshold", "max_tree_size", "eviction_interval_secs"):
+        for name in ("queue_size", "retry_initial_backoff_ms", "retry_max_backoff_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{flag_name(name)} must be >= 0; got {getattr(self, name)}")
         if not 0 <= self.retry_jitter_factor <= 1:
@@ -159,8 +154,8 @@ def flag_name(field_name: str) -> str:
 
 # ---- CLI, generated from the fields ------------------------------------------------------------
 
-def _field_type(name: str) -> Any:
-    t = typing.get_type_hints(RouterConfig)[name]
+def _field_type(cls: type, name: str) -> Any:
+    t = typing.get_type_hints(cls)[name]
     args = [a for a in typing.get_args(t) if a is not type(None)]
     return t if typing.get_origin(t) in (list, dict) else (args[0] if args else t)
 
@@ -175,16 +170,29 @@ def _parse_selector(items: list[str]) -> dict[str, str]:
     return out
 
 
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per RouterConfig field, grouped as the fields are."""
-    groups: dict[str, Any] = {}
+def _cli_fields() -> list[tuple[type, dataclasses.Field[Any], str]]:
+    """(dataclass, field, group) for every flag: RouterConfig's fields, with the nested
+    PolicyOptions spliced in field by field (its fields are the policies' one home)."""
+    out: list[tuple[type, dataclasses.Field[Any], str]] = []
     for f in dataclasses.fields(RouterConfig):
-        group = groups.get(f.metadata["group"]) or parser.add_argument_group(f.metadata["group"])
-        groups[f.metadata["group"]] = group
-        t = _field_type(f.name)
+        nested = f.metadata.get("nested")
+        if nested is None:
+            out.append((RouterConfig, f, f.metadata["group"]))
+        else:
+            out += [(nested, g, f.metadata["group"]) for g in dataclasses.fields(nested) if g.metadata.get("cli", True)]
+    return out
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per RouterConfig (and PolicyOptions) field, grouped as the fields are."""
+    groups: dict[str, Any] = {}
+    for cls, f, group_name in _cli_fields():
+        group = groups.get(group_name) or parser.add_argument_group(group_name)
+        groups[group_name] = group
+        t = _field_type(cls, f.name)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
         shown = " ".join(default) if isinstance(default, list) else default
-        help = f"{f.metadata['help']} (default: {shown if shown not in ('', {}) else 'none'})"
+        help = f"{f.metadata['help']} (default: {shown if shown not in ('', {}, None) else 'none'})"
         flag = "--" + flag_name(f.name)
         if t is bool:
             group.add_argument(flag, dest=f.name, action="store_true", default=None, help=help)
@@ -199,7 +207,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> RouterConfig:
     """The config from parsed flags (unset flags keep their defaults); ValueError on a bad value."""
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(RouterConfig):
+    policy_values: dict[str, Any] = {}
+    for cls, f, _ in _cli_fields():
         v = getattr(args, f.name, None)
         if v is None:
             continue
@@ -208,5 +217,11 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
                 v = _parse_selector(v)
             except argparse.ArgumentTypeError as e:
                 raise ValueError(str(e)) from None
-        values[f.name] = v
+        (policy_values if cls is PolicyOptions else values)[f.name] = v
+    try:
+        values["policy_options"] = PolicyOptions(**policy_values)
+    except ValueError as e:  # its messages start with the field's name: say the flag instead
+        msg = str(e)
+        name = msg.split(" ", 1)[0]
+        raise ValueError(f"--{flag_name(name)}{msg[len(name):]}" if name in policy_values else msg) from None
     return RouterConfig(**values).resolved()

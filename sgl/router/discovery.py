@@ -17,6 +17,7 @@ cluster. The `kubernetes` package is imported only when discovery runs (extra `r
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import threading
@@ -51,6 +52,11 @@ def pod_worker_url(pod: Any, port: int) -> str | None:
     if ipaddress.ip_address(host).version == 6:
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def _forget_add(adding: dict[str, asyncio.Task[None]], url: str, task: asyncio.Task[None]) -> None:
+    if adding.get(url) is task:  # not a later add of the same URL
+        del adding[url]
 
 
 def _pod_key(pod: Any) -> str:
@@ -132,7 +138,8 @@ class PodDiscovery:
     # -- running --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Watch until stop() (or cancellation), calling on_add / on_remove in order."""
+        """Watch until stop() (or cancellation), calling on_add / on_remove in order (an add
+        runs in the background; a later removal of its URL cancels it)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[list[Action] | None] = asyncio.Queue()
 
@@ -147,17 +154,37 @@ class PodDiscovery:
         self._wake = lambda: emit(None)
         thread = threading.Thread(target=self._watch_loop, args=(emit,), name="sgl-pod-discovery", daemon=True)
         thread.start()
+        # An add may wait long for the worker's first health check: each runs as its own task,
+        # so one unreachable pod never holds up the adds and removals behind it; a removal of
+        # the same URL cancels it.
+        adding: dict[str, asyncio.Task[None]] = {}
         try:
             while (actions := await queue.get()) is not None:
                 for kind, url in actions:
                     log.info("service discovery: %s %s", kind, url)
-                    try:
-                        await (self.on_add if kind == "add" else self.on_remove)(url)
-                    except Exception:  # a callback's failure must not end discovery
-                        log.exception("service discovery: %s %s failed", kind, url)
+                    pending = adding.pop(url, None)
+                    if pending is not None:
+                        pending.cancel()
+                        await asyncio.gather(pending, return_exceptions=True)
+                    if kind == "add":
+                        task = adding[url] = loop.create_task(self._call(self.on_add, kind, url))
+                        task.add_done_callback(functools.partial(_forget_add, adding, url))
+                        await asyncio.sleep(0)  # let it start: callbacks begin in the order announced
+                    else:
+                        await self._call(self.on_remove, kind, url)
         finally:
+            for task in adding.values():
+                task.cancel()
+            await asyncio.gather(*adding.values(), return_exceptions=True)
             self.stop()
             await asyncio.to_thread(thread.join, 5.0)
+
+    @staticmethod
+    async def _call(fn: Callable[[str], Awaitable[None]], kind: str, url: str) -> None:
+        try:
+            await fn(url)
+        except Exception:  # a callback's failure must not end discovery
+            log.exception("service discovery: %s %s failed", kind, url)
 
     def stop(self) -> None:
         """End the watch; run() returns soon after. Safe from any thread, and repeatable."""

@@ -55,14 +55,17 @@ class HealthChecker:
         self.headers = headers
         self._task: asyncio.Task[None] | None = None
         self._probing: set[str] = set()
+        self._probes: set[asyncio.Task[None]] = set()  # held, so stop() can end them
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [*self._probes, *([self._task] if self._task is not None else [])]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
@@ -85,7 +88,9 @@ class HealthChecker:
         if url in self._probing:
             return
         self._probing.add(url)
-        asyncio.get_running_loop().create_task(self._probe(url))
+        task = asyncio.get_running_loop().create_task(self._probe(url))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     async def _probe(self, url: str) -> None:
         try:

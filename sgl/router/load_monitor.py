@@ -1,9 +1,12 @@
 """Worker-reported load: polls each worker's `GET /get_load` and adds what we sent since.
 
 A worker answers `/get_load` with one JSON object, or a list of them (one per DP rank);
-its load is the sum over entries of `num_waiting_tokens + num_running_tokens` (queued +
-running tokens). Workers that report only SGLang's older `num_tokens`, or a bare `load`,
-are read from those. Between two polls the router itself is the main source of change,
+its load is the sum over entries of the work standing before a new request's first token:
+`num_pending_prefill_tokens` (queued prefill net of the prefix cache, which sgl workers
+report) plus `DECODE_REQ_TOKENS` per running request; for other workers
+`num_waiting_tokens + num_running_tokens`, or SGLang's `num_tokens`, or a bare `load`.
+Full prompt lengths would overstate the load of the worker that holds a tenant's prefix
+(its queue is mostly cache hits) and push the tenant's next requests elsewhere. Between two polls the router itself is the main source of change,
 so `load(url)` is the last reported value plus the prompt tokens routed to the worker
 since that poll was *sent* (not answered: a request routed while the poll was in flight
 may not be in the answer, so it stays counted until the next one)::
@@ -19,7 +22,6 @@ A worker that does not answer (no such endpoint, down, timeout) has load `None`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -47,7 +49,16 @@ def parse_load(body: object) -> int | None:
     return total if found else None
 
 
+# What a decoding request adds to the wait of a new one, in prefill tokens: a decode step
+# serves every running request at once (the weights are read once per step), so each costs
+# the queue about one token per step for the few steps it overlaps a new prefill.
+DECODE_REQ_TOKENS = 8
+
+
 def _entry_load(entry: dict[str, object]) -> int | None:
+    pending, running_reqs = _num(entry.get("num_pending_prefill_tokens")), _num(entry.get("num_running_reqs"))
+    if pending is not None:  # sgl workers: the prefill work queued, net of cache hits
+        return int(pending + DECODE_REQ_TOKENS * (running_reqs or 0))
     waiting, running = _num(entry.get("num_waiting_tokens")), _num(entry.get("num_running_tokens"))
     if waiting is not None or running is not None:
         return int((waiting or 0) + (running or 0))
@@ -69,6 +80,7 @@ class _Worker:
     routed_at_poll: int = 0  # `routed` when the answered poll was sent
     polls_ok: int = 0
     polls_failed: int = 0
+    warned: bool = False  # a non-200 answer was logged (once per worker)
     task: asyncio.Task[None] | None = None
 
 
@@ -76,12 +88,14 @@ class LoadMonitor:
     """Polls `/get_load` of every added worker every `interval` seconds, one task per worker
     (a slow worker never delays another's numbers)."""
 
-    def __init__(self, interval: float = 0.1, timeout: float = 2.0) -> None:
+    def __init__(self, interval: float = 0.1, timeout: float = 2.0, headers: dict[str, str] | None = None) -> None:
         self.interval = interval
         self.timeout = timeout
+        self.headers = dict(headers or {})  # the workers' API key, if any
         self._workers: dict[str, _Worker] = {}
         self._client: httpx.AsyncClient | None = None
         self._running = False
+        self._ending: set[asyncio.Task[None]] = set()  # polls of removed workers, until they end
 
     # ---------------------------------------------------------------- workers
     def add_worker(self, url: str) -> None:
@@ -95,12 +109,14 @@ class LoadMonitor:
         w = self._workers.pop(url, None)
         if w is not None and w.task is not None:
             w.task.cancel()
+            self._ending.add(w.task)
+            w.task.add_done_callback(self._ending.discard)
 
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         if self._running:
             return
-        self._client = httpx.AsyncClient(timeout=self.timeout)
+        self._client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
         self._running = True
         loop = asyncio.get_running_loop()
         for url, w in self._workers.items():
@@ -111,9 +127,7 @@ class LoadMonitor:
         tasks = [w.task for w in self._workers.values() if w.task is not None]
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await asyncio.gather(*tasks, *self._ending, return_exceptions=True)
         for w in self._workers.values():
             w.task = None
         if self._client is not None:
@@ -154,11 +168,14 @@ class LoadMonitor:
         client = self._client
         owned = client is None
         if client is None:
-            client = httpx.AsyncClient(timeout=self.timeout)
+            client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers)
         mark = w.routed
         try:
             resp = await client.get(f"{url}/get_load")
             value = parse_load(resp.json()) if resp.status_code == 200 else None
+            if resp.status_code != 200 and not w.warned:
+                w.warned = True  # e.g. 401 (wrong key) or 404 (an older worker): say it once
+                logger.warning("GET %s/get_load answered %d; its load is unknown", url, resp.status_code)
         except (httpx.HTTPError, ValueError) as exc:
             logger.debug("load poll of %s failed: %s", url, exc)
             value = None

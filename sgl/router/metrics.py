@@ -11,6 +11,7 @@ Read at scrape time from the live objects:
     sgl_router_circuit_state{worker}              0 closed, 1 open, 2 half-open
     sgl_router_healthy_workers / sgl_router_workers
     sgl_router_admission_active / _queued, sgl_router_admission_rejected_total{reason}
+    sgl_router_tokenizer_loaded                   1 once the workers' tokenizer is here
     sgl_router_<stat>{policy}                     every number of `policy.stats()`, e.g.
                                                   cache_hits, cache_misses, tree_size
 """
@@ -54,6 +55,9 @@ class _Live:
                                 value=s["admission_active"])
         yield GaugeMetricFamily("sgl_router_admission_queued", "generation requests waiting for a slot",
                                 value=s["admission_queued"])
+        yield GaugeMetricFamily("sgl_router_tokenizer_loaded", "1 once the workers' tokenizer is fetched "
+                                "(chat routed on the rendered template, kv_aware on token ids)",
+                                value=1 if s.get("tokenizer_loaded") else 0)
         rejected = CounterMetricFamily("sgl_router_admission_rejected", "requests refused by admission control",
                                        labels=["reason"])
         rejected.add_metric(["queue_full"], s["rejected_full"])

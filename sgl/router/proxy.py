@@ -104,10 +104,18 @@ class Proxy:
             n = len(self.registry.all())
             raise NoWorkers("no workers registered" if n == 0 else
                             f"none of the {n} worker(s) is healthy (health checks or circuit breaker)")
-        if fwd.route_req is None or len(cands) == 1:
-            return min(cands, key=lambda w: w.state.in_flight) if fwd.route_req is None else cands[0]
-        chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
-        return self.registry.get(chosen.url) or cands[0]
+        least_loaded = min(cands, key=lambda w: w.state.in_flight)
+        if fwd.route_req is None:
+            return least_loaded
+        # Asked even with one candidate: a policy's trees, pending pages and counts follow what
+        # it routed, and on_done is called for every attempt.
+        try:
+            chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
+        except Exception:  # a policy bug must not fail the request
+            logger.exception("policy %s failed to select; routing to the least-loaded worker", self.policy.name)
+            return least_loaded
+        w = self.registry.get(chosen.url)
+        return w if w is not None and w in cands else least_loaded
 
     def _done(self, fwd: Forward, w: Worker, ok: bool | None, error: str | None = None) -> None:
         """Settle one attempt on `w`; ok None: abandoned by the client (no verdict on the worker)."""
@@ -115,6 +123,8 @@ class Proxy:
         w.requests_total += 1
         if ok is not None:
             w.circuit.record(ok)
+        else:
+            w.circuit.abandon()
         if ok is False:
             w.failures_total += 1
             w.last_error = error or w.last_error
@@ -156,10 +166,8 @@ class Proxy:
                 fwd.on_finish()
 
     async def forward_watching(self, fwd: Forward, receive: Receive) -> Response:
-        """`forward`, cancelled if the client disconnects while waiting for a non-streaming
-        answer (a stream notices a departed client itself, in `_Passthrough`)."""
-        if fwd.stream:
-            return await self.forward(fwd)
+        """`forward`, cancelled if the client disconnects while waiting for the answer (or, for
+        a stream, for its first chunk: the prefill); once a stream flows, `_Passthrough` watches."""
         task = asyncio.ensure_future(self.forward(fwd))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -177,6 +185,7 @@ class Proxy:
     async def _attempt(self, fwd: Forward, w: Worker, t0: float, final: bool) -> Response | str:
         """One try on `w`: the answer, or why to try again (the failure already counted)."""
         w.state.in_flight += 1
+        w.circuit.begin()
         resp: aiohttp.ClientResponse | None = None
         settled = False
         try:

@@ -10,7 +10,8 @@ A batch (a list of texts, of prompts, or of id lists) is routed whole, by its fi
 element: the batch goes to one worker in one request, as a client sent it, so the
 answer's order and shape are the worker's own. Token ids are computed only when the
 policy asks for them (`wants_token_ids`) and a tokenizer is at hand.
-A body whose routing fields have the wrong type raises `ValueError` naming the field.
+A body whose routing fields have the wrong type, or token ids outside 0 .. 2**32-1, raises
+`ValueError` naming the field.
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, list) and value and isinstance(value[0], (str, list)) else value
 
 
+# Token ids are hashed into page hashes as unsigned 32-bit values (sgl/kv_events/hashing.py).
+MAX_TOKEN_ID = 2**32 - 1
+
+
 def _ids(value: Any, name: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise ValueError(f"{name} must be a string, a list of token ids, or a list of those")
+    bad = next((t for t in value if not 0 <= t <= MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise ValueError(f"{name}: token id {bad} is out of range (0 .. {MAX_TOKEN_ID})")
     return value
 
 

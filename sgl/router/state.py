@@ -1,18 +1,20 @@
 """The router's state and lifecycle: `Router` owns the workers, the policy, the HTTP
 clients, health checks, admission, metrics, the chat tokenizer and service discovery.
 
-Startup: the policy starts, each `--worker-urls` worker gets up to
-`--worker-startup-timeout-secs` to pass its first health check (in parallel; one that does
-not is registered out of rotation and rejoins through the health checks), then health
-checks, service discovery and the optional Prometheus listener start, and the chat
-tokenizer is fetched from a worker in the background. No module-level state: `create_app`
-(app.py) hangs one `Router` off `app.state.router`.
+Startup: the policy starts, every `--worker-urls` worker is registered out of rotation and
+joins it at its first good health check; the router serves as soon as one has (the rest
+join in the background; one that does not pass within `--worker-startup-timeout-secs`
+stays out until the periodic checks bring it in). Then health checks, service discovery
+and the optional Prometheus listener start, and the chat tokenizer is fetched from a
+healthy worker in the background, retried with back-off until one serves it. No
+module-level state: `create_app` (app.py) hangs one `Router` off `app.state.router`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 from typing import Any
@@ -35,11 +37,19 @@ logger = logging.getLogger("sgl.router")
 
 __version__ = "0.1.0"
 
+# Back-off between rounds of tokenizer fetches over the healthy workers (doubling, capped).
+TOKENIZER_RETRY_INITIAL_SECS = 1.0
+TOKENIZER_RETRY_MAX_SECS = 30.0
+
+
+def worker_headers(cfg: RouterConfig) -> dict[str, str]:
+    """Headers of every call the router makes to a worker (its API key, the router's own)."""
+    return {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
 
 def policy_options(cfg: RouterConfig) -> PolicyOptions:
-    return PolicyOptions(cache_threshold=cfg.cache_threshold, balance_abs_threshold=cfg.balance_abs_threshold,
-                         balance_rel_threshold=cfg.balance_rel_threshold,
-                         eviction_interval_secs=cfg.eviction_interval_secs, max_tree_size=cfg.max_tree_size)
+    """The policy's options: the configured knobs, plus the workers' headers for its own calls."""
+    return dataclasses.replace(cfg.policy_options, worker_headers=tuple(worker_headers(cfg).items()))
 
 
 class Router:
@@ -52,9 +62,10 @@ class Router:
             cfg.cb_window_duration_secs, enabled=not cfg.disable_circuit_breaker))
         self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size, cfg.queue_timeout_secs)
         self.metrics = RouterMetrics(self.snapshot)
-        self.worker_headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self.worker_headers = worker_headers(cfg)
         self.tokenizer: Any = None  # sgl.router.tokenizer.RouterTokenizer, once fetched
         self._fetching_tokenizer = False
+        self._tokenizer_wake = asyncio.Event()
         self._bg: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -85,7 +96,7 @@ class Router:
                                         cfg.retry_backoff_multiplier, cfg.retry_jitter_factor),
                            self.metrics, self._on_connect_error, cfg.request_timeout_secs)
         await self.policy.start()
-        await asyncio.gather(*(self.add_worker(u, startup=True) for u in cfg.worker_urls))
+        await self._add_startup_workers()
         if not cfg.disable_health_check:
             self.health.start()
         if cfg.service_discovery:
@@ -123,11 +134,49 @@ class Router:
 
     # ---- workers --------------------------------------------------------------------------
 
-    async def add_worker(self, url: str, startup: bool = False) -> tuple[Worker | None, str | None]:
+    async def _add_startup_workers(self) -> None:
+        """Register every --worker-urls worker out of rotation, and return as soon as one of them
+        passes its first health check (or all have had their --worker-startup-timeout-secs): the
+        router serves from then on, and the others join when they pass. A worker that never
+        passes stays registered out of rotation; the periodic checks can bring it in."""
+        if self.cfg.disable_health_check:
+            for url in self.cfg.worker_urls:
+                self.registry.add(url, healthy=True)
+            return
+        joins = [asyncio.get_running_loop().create_task(self._join(self.registry.add(url, healthy=False)))
+                 for url in self.cfg.worker_urls if url not in self.registry]
+        for t in joins:
+            self._bg.add(t)
+            t.add_done_callback(self._bg.discard)
+        pending = set(joins)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if any(not t.cancelled() and t.result() for t in done):
+                return
+
+    async def _join(self, w: Worker) -> bool:
+        """Bring a registered, out-of-rotation startup worker in at its first good check."""
+        assert self.client is not None
+        err = await wait_healthy(self.client, w.url, self.cfg.health_check_endpoint,
+                                 self.cfg.health_check_timeout_secs, self.cfg.worker_startup_timeout_secs,
+                                 self.worker_headers)
+        if self.registry.get(w.url) is not w:
+            return False  # removed meanwhile
+        if err is not None:
+            w.last_error = err
+            logger.warning("worker %s did not pass a health check within %gs (%s); it stays out of rotation "
+                           "until the health checks pass", w.url, self.cfg.worker_startup_timeout_secs, err)
+            return False
+        if not w.state.healthy:  # the periodic checks may have been first
+            w.state.healthy, w.last_error, w.health_failures = True, None, 0
+            logger.info("worker %s added", w.url)
+        self.wake_tokenizer()
+        return True
+
+    async def add_worker(self, url: str) -> tuple[Worker | None, str | None]:
         """Wait for `url`'s first good health check (none with --disable-health-check), then
-        put it in rotation. At startup a worker that never passes is still registered (out of
-        rotation) so checks can bring it in; later (add_worker, discovery) it is not
-        registered and the reason is returned."""
+        put it in rotation; a worker that does not pass is not registered, and the reason is
+        returned (POST /add_worker, service discovery)."""
         assert self.client is not None
         url = normalize_url(url)
         if url in self.registry:
@@ -135,19 +184,13 @@ class Router:
         err = None if self.cfg.disable_health_check else await wait_healthy(
             self.client, url, self.cfg.health_check_endpoint, self.cfg.health_check_timeout_secs,
             self.cfg.worker_startup_timeout_secs, self.worker_headers)
-        if err is not None and not startup:
+        if err is not None:
             return None, err
         if url in self.registry:  # added concurrently
             return self.registry.get(url), None
-        w = self.registry.add(url, healthy=err is None)
-        w.last_error = err
-        if err is None:
-            logger.info("worker %s added", url)
-            if self.tokenizer is None:
-                self.spawn(self.ensure_tokenizer())
-        else:
-            logger.warning("worker %s did not pass a health check within %gs (%s); registered out of rotation",
-                           url, self.cfg.worker_startup_timeout_secs, err)
+        w = self.registry.add(url, healthy=True)
+        logger.info("worker %s added", url)
+        self.wake_tokenizer()
         return w, None
 
     def remove_worker(self, url: str) -> Worker | None:
@@ -171,8 +214,15 @@ class Router:
                                        self.cfg.service_discovery_port, on_add, on_remove)
         self.spawn(self._discovery.run())
 
+    def wake_tokenizer(self) -> None:
+        """A worker joined: fetch the tokenizer now if it is still missing (ends the back-off)."""
+        if self.tokenizer is None:
+            self._tokenizer_wake.set()
+            self.spawn(self.ensure_tokenizer())
+
     async def ensure_tokenizer(self) -> None:
-        """Fetch the chat template / tokenizer from the first worker that serves one; chat
+        """Fetch the chat template / tokenizer from the first healthy worker that serves one,
+        retrying with back-off (a worker may be down, busy or not yet up) until one does; chat
         routing uses the rendered conversation once it is here, the joined contents before."""
         if self.tokenizer is not None or self._fetching_tokenizer:
             return
@@ -181,8 +231,16 @@ class Router:
         except ImportError:
             return
         self._fetching_tokenizer = True
+        delay = TOKENIZER_RETRY_INITIAL_SECS
         try:
-            await self._fetch_tokenizer(fetch_tokenizer)
+            while self.tokenizer is None:
+                self._tokenizer_wake.clear()
+                await self._fetch_tokenizer(fetch_tokenizer)
+                if self.tokenizer is not None:
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._tokenizer_wake.wait(), delay)
+                delay = min(delay * 2, TOKENIZER_RETRY_MAX_SECS)
         finally:
             self._fetching_tokenizer = False
 
@@ -232,7 +290,7 @@ class Router:
         return {"workers": [dict(w.describe(), circuit_code=STATE_CODE[w.circuit.state]) for w in self.registry.all()],
                 "admission_active": self.admission.active, "admission_queued": self.admission.waiting,
                 "rejected_full": self.admission.rejected_full, "rejected_timeout": self.admission.rejected_timeout,
-                "policy": self.policy.name, "policy_stats": stats}
+                "policy": self.policy.name, "policy_stats": stats, "tokenizer_loaded": self.tokenizer is not None}
 
 
 async def _maybe_await(x: Any) -> Any:

@@ -1,40 +1,7 @@
-"""Optional API-key guard: `Authorization: Bearer <key>` on every path except /health.
-
-Pure ASGI so it also guards streams without buffering them. The comparison is
-constant-time; a missing or wrong key gets a 401 in OpenAI's error shape.
-"""
+"""The server's API-key guard: the one in `sgl/http_auth.py`, shared with the router."""
 
 from __future__ import annotations
 
-import hmac
-import json
+from sgl.http_auth import OPEN_PATHS, ApiKeyMiddleware
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from sgl.server.errors import error_body
-
-OPEN_PATHS = frozenset({"/health"})
-
-
-class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.key = api_key.encode()
-
-    def _authorized(self, scope: Scope) -> bool:
-        headers = dict(scope.get("headers") or [])
-        auth = headers.get(b"authorization", b"")
-        token = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
-        return hmac.compare_digest(token, self.key)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS or self._authorized(scope):
-            await self.app(scope, receive, send)
-            return
-        body = json.dumps(error_body("invalid or missing API key (send 'Authorization: Bearer <key>')",
-                                     "authentication_error", None, "invalid_api_key")).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+__all__ = ["OPEN_PATHS", "ApiKeyMiddleware"]

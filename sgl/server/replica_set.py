@@ -5,7 +5,8 @@ Ports: the router binds --host:--port (what clients call, as with one server); w
 --host:(--port + 1 + k), and gets `--data-parallel-rank k`, which puts k into its KV event
 batches and adds k to its KV event ports (vLLM's rule), so one --kv-events-config serves
 the whole set. The router is `python -m sgl.launch_router --worker-urls ... --policy
---router-policy` plus any --router-args; it starts once every worker answers /health.
+--router-policy` (and the workers' `--api-key`, which then guards the router too) plus any
+--router-args; it starts once every worker answers /health.
 SGLang's in-process data-parallel balancer has `--load-balance-method`; here the balancing
 is the router's, so its flag is named like sglang-router's own launch_server (`--router-*`).
 
@@ -34,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from sgl.router.policies import POLICY_NAMES
+
 log = logging.getLogger("sgl.server.replica_set")
 
 # Seconds for every worker (model load, warm-up) and then the router to answer /health.
@@ -50,9 +53,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("replica set (--dp-size N: N workers behind a router; ports --port, --port+1..+N)")
     g.add_argument("--dp-size", type=int, default=1,
                    help="start this many worker servers on ports --port+1 .. --port+N and a router on --port")
-    g.add_argument("--router-policy", default="cache_aware",
-                   help="with --dp-size: the router's --policy (cache_aware, kv_aware, round_robin, random, "
-                        "power_of_two)")
+    g.add_argument("--router-policy", default="cache_aware", choices=POLICY_NAMES,
+                   help="with --dp-size: the router's --policy")
     g.add_argument("--router-args", default="",
                    help="with --dp-size: more flags for `python -m sgl.launch_router`, as one shell-quoted string")
 
@@ -96,8 +98,10 @@ def plan(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentPar
         if hasattr(args, "data_parallel_rank"):  # the engine knows its replica index (KV events)
             cmd += ["--data-parallel-rank", str(k)]
         workers.append(cmd)
+    # The workers' --api-key guards the router too, which also sends it to the workers.
+    key = ["--api-key", args.api_key] if getattr(args, "api_key", None) else []
     router = [sys.executable, "-m", "sgl.launch_router", "--host", args.host, "--port", str(args.port),
-              "--policy", args.router_policy, *shlex.split(args.router_args), "--worker-urls", *urls]
+              "--policy", args.router_policy, *key, *shlex.split(args.router_args), "--worker-urls", *urls]
     return {"workers": workers, "urls": urls, "router": router}
 
 

@@ -39,7 +39,9 @@ def load_entry(info: dict[str, Any]) -> dict[str, int]:
     the tokens waiting requests will prefill, SGLang's definition. Ours:
     `num_running_reqs`; `num_running_tokens` (context of admitted requests: prompt +
     output so far); `num_waiting_tokens` (tokens waiting requests will prefill: prompt,
-    plus output so far if retracted); `kv_total_tokens`, `kv_used_tokens` (allocated,
+    plus output so far if retracted); `num_pending_prefill_tokens` (the prefill work queued:
+    what the prefix cache does not cover of waiting requests, plus the unprefilled rest of
+    admitted ones; what a KV-aware router weighs); `kv_total_tokens`, `kv_used_tokens` (allocated,
     including the evictable cache), `kv_evictable_tokens`.
     """
     running, waiting = _int(info, "num_running_reqs"), _int(info, "num_waiting_reqs")
@@ -53,6 +55,7 @@ def load_entry(info: dict[str, Any]) -> dict[str, int]:
         "num_running_reqs": running,
         "num_running_tokens": _int(info, "num_running_tokens"),
         "num_waiting_tokens": waiting_tokens,
+        "num_pending_prefill_tokens": _int(info, "num_pending_prefill_tokens"),
         "kv_total_tokens": _int(info, "kv_total_tokens"),
         "kv_used_tokens": used,
         "kv_evictable_tokens": evictable,
@@ -62,7 +65,7 @@ def load_entry(info: dict[str, Any]) -> dict[str, int]:
 async def get_load(request: Request) -> list[dict[str, int]]:
     """`[{"dp_rank": 0, "num_reqs": int, "num_waiting_reqs": int, "num_tokens": int,
     "num_running_reqs": int, "num_running_tokens": int, "num_waiting_tokens": int,
-    "kv_total_tokens": int, "kv_used_tokens": int, "kv_evictable_tokens": int}]`
+    "num_pending_prefill_tokens": int, "kv_total_tokens": int, "kv_used_tokens": int, "kv_evictable_tokens": int}]`
     (a list, one entry per data-parallel rank; readers sum fields over it). Field
     meanings: `load_entry`."""
     st = request.app.state

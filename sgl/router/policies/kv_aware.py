@@ -7,8 +7,9 @@ For a request with token ids, each candidate worker W gets
     uncached_prefill_tokens(W) = num_prompt_tokens - num_cached_tokens(W)
     num_cached_tokens(W)       = page_size * (leading pages of the prompt's hash chain W holds,
                                  or is computing now for a request this router sent it)
-    load(W)                    = W's queued + running tokens (GET /get_load, polled)
-                                 + prompt tokens this router sent W since that poll
+    load(W)                    = W's queued prefill work net of its cache + 8 per running
+                                 request (GET /get_load, polled; see load_monitor.py)
+                                 + uncached prompt tokens this router sent W since that poll
 
 and the cheapest wins (ties: fewer in flight, then candidate order). Both terms are in
 tokens of work standing between the request and its first token on W: its own prefill
@@ -28,8 +29,8 @@ the holder is more than w x (its saved tokens) behind. A skewed (one hot tenant)
 not measured.
 
 Which worker holds what: `KvIndex`, fed by one `KvEventSubscriber` per worker (endpoints
-from its `/get_server_info` `kv_events` entry, or `worker.extra["server_info"]` when the
-registry already fetched it). A worker is scored *approximately* — by a prefix tree of what
+from its `/get_server_info` `kv_events` entry, fetched by the policy, retried until it
+answers). A worker is scored *approximately* — by a prefix tree of what
 this router sent it (`PrefixTrees`, capped at the worker's `max_total_tokens`, LRU) —
 while its events cannot be trusted: it publishes none, its stream has been silent for
 `kv_events_stale_secs` (the worker heartbeats about once a second), or it cleared its
@@ -42,10 +43,8 @@ on their text everywhere, in estimated tokens.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,17 +87,24 @@ class KvAwarePolicy(PolicyBase):
         super().__init__(options)
         self.index = KvIndex()
         self.trees = PrefixTrees()
-        self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs)
+        self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs,
+                                   dict(self.options.worker_headers))
         self._workers: dict[str, _Worker] = {}
         self._inflight_tokens: dict[str, int] = {}
         self._routed: dict[tuple[int, str], int] = {}  # (id(req), url) -> prompt tokens
         # Pages of requests routed but not yet (surely) announced by their worker's events:
-        # url -> page hash -> number of such requests holding it; (id(req), url) -> its hashes.
-        self._pending: dict[str, Counter[int]] = {}
-        self._pending_of: dict[tuple[int, str], list[int]] = {}
+        # url -> page hash -> tokens of the live requests computing it; (id(req), url) -> (token,
+        # its hashes). An event about a page drops all its holders: they were all routed before
+        # the worker spoke, so its word (stored: the index has it; removed: evicted) wins; a
+        # request routed later holds the page again. A request's token is unique, so forgetting
+        # it later can never touch another request's hold.
+        self._pending: dict[str, dict[int, set[int]]] = {}
+        self._pending_of: dict[tuple[int, str], tuple[int, list[int]]] = {}
+        self._next_token = 0
         self._ctx: zmq.asyncio.Context | None = None
         self._client: httpx.AsyncClient | None = None
         self._evictor: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[None]] = set()  # cancelled connects, subscriber stops: awaited by stop()
         self._started = False
         self.counts = dict.fromkeys(
             ("cache_hits", "cache_misses", "precise_scores", "approx_scores", "events_received",
@@ -111,7 +117,8 @@ class KvAwarePolicy(PolicyBase):
             return
         self._started = True
         self._ctx = zmq.asyncio.Context()
-        self._client = httpx.AsyncClient(timeout=self.options.http_timeout_secs)
+        self._client = httpx.AsyncClient(timeout=self.options.http_timeout_secs,
+                                         headers=dict(self.options.worker_headers))
         await self.monitor.start()
         for w in self._workers.values():
             self._spawn_connect(w)
@@ -127,9 +134,7 @@ class KvAwarePolicy(PolicyBase):
             self._evictor = None
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await asyncio.gather(*tasks, *self._bg, return_exceptions=True)
         for w in self._workers.values():
             w.task = None
             if w.subscriber is not None:
@@ -140,7 +145,7 @@ class KvAwarePolicy(PolicyBase):
             await self._client.aclose()
             self._client = None
         if self._ctx is not None:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)  # closes any socket left open; term() alone could wait forever
             self._ctx = None
 
     def add_worker(self, worker: WorkerState) -> None:
@@ -163,9 +168,15 @@ class KvAwarePolicy(PolicyBase):
         if w is not None:
             if w.task is not None:
                 w.task.cancel()
+                self._keep(w.task)
             if w.subscriber is not None:
                 sub, w.subscriber = w.subscriber, None
-                asyncio.get_running_loop().create_task(sub.stop())
+                self._keep(asyncio.get_running_loop().create_task(sub.stop()))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a fire-and-forget task until it ends (the loop keeps only weak references)."""
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
 
     # -------------------------------------------------------------- discovery
     def _spawn_connect(self, w: _Worker) -> None:
@@ -175,7 +186,8 @@ class KvAwarePolicy(PolicyBase):
         if w.subscriber is not None:
             return  # fed in-process (attach_local_feed)
         url = w.state.url
-        info = w.state.extra.get("server_info")
+        info: object = None
+        warned = False
         while info is None:
             try:
                 assert self._client is not None
@@ -183,6 +195,10 @@ class KvAwarePolicy(PolicyBase):
                 if resp.status_code == 200:
                     info = resp.json()
                     break
+                if not warned:
+                    warned = True  # e.g. 401: the workers' key is not the router's
+                    logger.warning("GET %s/get_server_info answered %d; retrying (no KV events until it answers)",
+                                   url, resp.status_code)
             except (httpx.HTTPError, ValueError) as exc:
                 logger.debug("GET %s/get_server_info failed: %s", url, exc)
             await asyncio.sleep(SERVER_INFO_RETRY_SECS)
@@ -219,7 +235,7 @@ class KvAwarePolicy(PolicyBase):
             self.index.apply(url, ev)
             if pending and isinstance(ev, (BlockStored, BlockRemoved)):
                 for h in ev.block_hashes:  # the worker has spoken about these pages: the index is the truth
-                    pending.pop(h, None)
+                    pending.pop(h, None)  # drops only the holds made before this event
             if isinstance(ev, AllBlocksCleared):
                 self.trees.clear(url)
                 self.counts["cleared"] += 1
@@ -275,7 +291,7 @@ class KvAwarePolicy(PolicyBase):
         pending = self._pending.get(url)
         n = 0
         if pending:
-            while n < len(hashes) and pending[hashes[n]] > 0:
+            while n < len(hashes) and pending.get(hashes[n]):
                 n += 1
         return n
 
@@ -303,40 +319,49 @@ class KvAwarePolicy(PolicyBase):
         self.counts["cache_hits" if hit > 0 else "cache_misses"] += 1
         self.counts["prompt_tokens"] += n
         self.counts["predicted_cached_tokens"] += min(hit, n)
-        self._note_routed(req, chosen.url, n)
+        self._note_routed(req, chosen.url, n, max(n - hit, 0))
         return chosen
 
-    def _note_routed(self, req: RouteRequest, url: str, n: int) -> None:
+    def _note_routed(self, req: RouteRequest, url: str, n: int, uncached: int) -> None:
         key = routing_key(req)
         self.trees.insert(url, key)
         w = self._workers.get(url)
         if w is not None and w.tree_cap is not None and req.token_ids is not None:
             self.trees.evict_to(w.tree_cap, [url])  # the worker cannot hold more than its pool
-        self.monitor.note_routed(url, n)
+        self.monitor.note_routed(url, uncached)  # the prefill work it adds, as the worker counts it
         self._inflight_tokens[url] = self._inflight_tokens.get(url, 0) + n
         self._routed[(id(req), url)] = n
         if w is not None and w.source is not None and req.token_ids is not None:
             hashes = page_hashes(req.token_ids, w.source.page_size)
-            self._pending.setdefault(url, Counter()).update(hashes)
-            self._pending_of[(id(req), url)] = hashes
+            token, self._next_token = self._next_token, self._next_token + 1
+            pending = self._pending.setdefault(url, {})
+            for h in hashes:
+                pending.setdefault(h, set()).add(token)
+            earlier = self._pending_of.pop((id(req), url), None)
+            if earlier is not None:  # routed to the same worker again (a retry): one hold is enough
+                self._forget_pending(url, *earlier)
+            self._pending_of[(id(req), url)] = (token, hashes)
 
     def on_done(self, req: RouteRequest, worker: WorkerState, ok: bool) -> None:
         n = self._routed.pop((id(req), worker.url), 0)
         if worker.url in self._inflight_tokens:
             self._inflight_tokens[worker.url] = max(0, self._inflight_tokens[worker.url] - n)
-        hashes = self._pending_of.pop((id(req), worker.url), None)
-        if hashes is not None:
+        held = self._pending_of.pop((id(req), worker.url), None)
+        if held is not None:
             try:
-                asyncio.get_running_loop().call_later(PENDING_GRACE_SECS, self._forget_pending, worker.url, hashes)
+                asyncio.get_running_loop().call_later(PENDING_GRACE_SECS, self._forget_pending, worker.url, *held)
             except RuntimeError:  # no loop (direct use in tests): forget at once
-                self._forget_pending(worker.url, hashes)
+                self._forget_pending(worker.url, *held)
 
-    def _forget_pending(self, url: str, hashes: list[int]) -> None:
+    def _forget_pending(self, url: str, token: int, hashes: list[int]) -> None:
         pending = self._pending.get(url)
-        if pending is not None:
-            pending.subtract(hashes)
-            for h in hashes:
-                if pending[h] <= 0:
+        if pending is None:
+            return
+        for h in hashes:
+            holders = pending.get(h)
+            if holders is not None:
+                holders.discard(token)
+                if not holders:
                     del pending[h]
 
     async def _evict_loop(self) -> None:

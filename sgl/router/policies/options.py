@@ -60,6 +60,9 @@ class PolicyOptions:
         2.0, "timeout of the policies' own HTTP calls (/get_load, /get_server_info)"
     )
     seed: int | None = _f(None, "random / power_of_two: RNG seed (None: from the OS)")  # type: ignore[assignment]
+    # Not a flag: the router fills it from --api-key, so the policies' own calls authenticate.
+    worker_headers: tuple[tuple[str, str], ...] = field(  # type: ignore[assignment]
+        default=(), metadata={"help": "headers of the policies' HTTP calls to the workers", "cli": False})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cache_threshold <= 1.0:

@@ -24,7 +24,8 @@ class PowerOfTwoPolicy(PolicyBase):
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
         self._rng = random.Random(self.options.seed)
-        self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs)
+        self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs,
+                                   dict(self.options.worker_headers))
 
     async def start(self) -> None:
         await self.monitor.start()

@@ -27,27 +27,6 @@ def routing_key(req: RouteRequest) -> list[int]:
     return [-(ord(c) + 1) for c in req.text]
 
 
-def peek_match(tree: RadixTree, key: Sequence[int]) -> int:
-    """Length of the longest prefix of `key` stored in `tree`, without modifying it."""
-    node = tree.root
-    pos = 0
-    n = len(key)
-    while pos < n:
-        child = node.children.get(key[pos])
-        if child is None:
-            break
-        edge = child.key
-        k = 0
-        m = min(len(edge), n - pos)
-        while k < m and edge[k] == key[pos + k]:
-            k += 1
-        pos += k
-        if k < len(edge):
-            break
-        node = child
-    return pos
-
-
 class PrefixTrees:
     def __init__(self) -> None:
         self._trees: dict[str, RadixTree] = {}
@@ -72,7 +51,7 @@ class PrefixTrees:
 
     def match(self, url: str, key: Sequence[int]) -> int:
         t = self._trees.get(url)
-        return 0 if t is None else peek_match(t, key)
+        return 0 if t is None else t.prefix_len(key)
 
     def size(self, url: str) -> int:
         t = self._trees.get(url)

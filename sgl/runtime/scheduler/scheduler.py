@@ -407,8 +407,11 @@ class Scheduler:
 
         num_running_tokens: context held by admitted requests (prompt + output so far);
         num_waiting_tokens: tokens waiting requests will prefill (their prompt, plus the
-        output so far of a retracted one); generated_tokens_total: every output token so
-        far, running requests included (generation_tokens_total counts at finish only)."""
+        output so far of a retracted one); num_pending_prefill_tokens: the prefill work
+        queued, i.e. what the cache does not cover of the waiting requests (a read-only
+        tree match each) plus what admitted requests have still to prefill;
+        generated_tokens_total: every output token so far, running requests included
+        (generation_tokens_total counts at finish only)."""
         kv = self.kv
         total = kv.allocator.capacity
         free = kv.allocator.num_free
@@ -422,6 +425,8 @@ class Scheduler:
             "num_waiting_reqs": len(queued),
             "num_running_tokens": sum(r.fill_len for r in admitted),
             "num_waiting_tokens": sum(r.fill_len for r in queued),
+            "num_pending_prefill_tokens": sum(r.fill_len - kv.tree.prefix_len(r.fill_ids) for r in queued)
+            + sum(max(r.fill_len - r.num_computed, 0) for r in self.prefilling),
             "generated_tokens_total": self.stats["generation_tokens_total"] + live_output,
             "max_total_tokens": total,
             "kv_total_tokens": total,
