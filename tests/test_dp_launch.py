@@ -157,6 +157,7 @@ def _generation_tokens(worker_url: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+@pytest.mark.slow
 def test_router_on_port_and_workers_on_the_next_ports_share_the_work(replica_set):
     _, url, port, _ = replica_set
     workers = [f"http://127.0.0.1:{port + 1}", f"http://127.0.0.1:{port + 2}"]
@@ -176,6 +177,7 @@ def test_router_on_port_and_workers_on_the_next_ports_share_the_work(replica_set
     assert chat.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+@pytest.mark.slow
 def test_ports_in_use_are_refused_before_anything_starts(replica_set):
     _, _, port, _ = replica_set  # its ports are taken now
     proc, log = _launch("--dp-size", "2", port=port)
@@ -188,6 +190,7 @@ def test_ports_in_use_are_refused_before_anything_starts(replica_set):
     assert "starting engine" not in out
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_stops_every_process_of_the_group(replica_set):
     proc, url, _, log = replica_set
     assert len(group_pids(proc.pid)) >= 6  # launcher, router, 2 servers, their 2 engine processes
@@ -198,6 +201,7 @@ def test_sigterm_to_the_launcher_stops_every_process_of_the_group(replica_set):
         httpx.get(url + "/health", timeout=2)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_takes_the_set_down_with_a_non_zero_exit():
     port = _free_run(3)
     proc, log = _launch("--dp-size", "2", "--model-path", "/nonexistent/model.gguf", port=port)

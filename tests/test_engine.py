@@ -206,6 +206,7 @@ def test_shutdown_aborts_in_flight_requests() -> None:
         eng.generate("hi")
 
 
+@pytest.mark.slow
 def test_real_model_under_kv_pressure_retracts_and_finishes() -> None:
     prompts = [f"Write a list of animals, number {i}:" for i in range(6)]
     with Engine(max_total_tokens=300, chunked_prefill_size=64) as small:

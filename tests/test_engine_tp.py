@@ -105,6 +105,7 @@ def test_bf16_few_shot_capitals_same_text_as_tp1(engine):
     assert [o["text"] for o in b] == [o["text"] for o in a]
 
 
+@pytest.mark.slow
 def test_retraction_under_kv_pressure_at_tp2():
     prompts = [f"Write a list of animals, number {i}:" for i in range(4)]
     with Engine(tp_size=2, max_total_tokens=200, chunked_prefill_size=64) as small:

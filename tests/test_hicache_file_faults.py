@@ -15,6 +15,9 @@ import pytest
 from tests.server_proc import free_port, start_server
 from tests.hicache_http import PAGE, flush, generate, info, prompt, wait_for, written
 
+pytestmark = pytest.mark.slow  # multi-process set: `make test-slow`
+
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

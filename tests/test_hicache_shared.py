@@ -20,6 +20,9 @@ from tests.hicache_http import PAGE, flush, generate, info, prompt, wait_for, wr
 from tests.redis_proc import RedisProc, ensure_redis_server, free_port
 from tests.server_proc import ServerProc, start_server
 
+pytestmark = pytest.mark.slow  # multi-process set: `make test-slow`
+
+
 def hicache_args(url: str, policy: str, **extra: Any) -> list[str]:
     return ["--max-total-tokens", "4096", "--page-size", str(PAGE), "--enable-hierarchical-cache",
             "--hicache-storage-backend", "redis", "--hicache-storage-prefetch-policy", policy,

@@ -124,6 +124,7 @@ def _run() -> tuple[int, int, int, list[str], list[str]]:
     return declared, valid_total, valid_ok, invalid_accepted, rejected_valid
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DATA.exists(), reason="MaskBench data not present")
 @pytest.mark.timeout(900)
 def test_maskbench_sample_no_invalid_accepted():

@@ -301,6 +301,7 @@ def _wait_for(fn, want, what: str, bound: float = 120):
     raise AssertionError(f"{what}: still {got!r}, want {want!r}")
 
 
+@pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_router_adds_and_removes_a_real_worker_as_its_pod_turns_ready_and_not():

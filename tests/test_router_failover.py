@@ -21,7 +21,7 @@ import pytest
 from tests.router_proc import start_router
 from tests.server_proc import start_server
 
-pytestmark = [pytest.mark.server, pytest.mark.model]
+pytestmark = [pytest.mark.server, pytest.mark.model, pytest.mark.slow]
 
 N_REQUESTS = 48
 

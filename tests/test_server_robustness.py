@@ -183,6 +183,7 @@ def _fuzz_schema(url: str) -> dict:
     return schema
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_errors(srv, tmp_path):
     path = tmp_path / "openapi.json"
     path.write_text(json.dumps(_fuzz_schema(srv.url)))

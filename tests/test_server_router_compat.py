@@ -40,6 +40,9 @@ from sgl.server.router_api import load_entry
 from tests.server_proc import free_port, group_pids, start_server
 from tests.test_scheduler import make, submit
 
+pytestmark = pytest.mark.slow  # multi-process set: `make test-slow`
+
+
 SERVED = "SmolLM2-135M-Instruct"
 
 # ---- no server --------------------------------------------------------------------------

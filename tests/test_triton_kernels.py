@@ -57,6 +57,7 @@ def test_subprocess_kernels_in_fresh_interpreter() -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_subprocess_kernels_compile_for_sm90(tmp_path: Path) -> None:
     """The real compiler (not the interpreter) accepts every kernel, down to a cubin."""
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"

@@ -34,6 +34,7 @@ def _wait_no_group(pgid: int, timeout: float = 15) -> list[int]:
     return group_pids(pgid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
                          ids=["sigterm", "sigterm-group", "ctrl-c"])
 def test_signal_stops_the_server_and_every_worker(sig, group):
@@ -59,6 +60,7 @@ def test_signal_stops_the_server_and_every_worker(sig, group):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_killed_worker_fails_8_streams_then_the_server_exits_nonzero():
     srv = start_server("--max-total-tokens", "8192")
     try:
@@ -104,6 +106,7 @@ def test_killed_worker_fails_8_streams_then_the_server_exits_nonzero():
         srv.stop()
 
 
+@pytest.mark.slow
 def test_rank_that_never_joins_fails_startup_naming_the_address():
     from tests.server_proc import free_port
 
@@ -115,6 +118,7 @@ def test_rank_that_never_joins_fails_startup_naming_the_address():
     assert "exited with 1" in msg and addr in msg and "--dist-timeout" in msg, msg[-3000:]
 
 
+@pytest.mark.slow
 def test_two_nodes_serve_the_same_greedy_ids_as_one_process():
     """Two launches on one machine, as on two: node 1 hosts rank 1 only, node 0 serves."""
     import subprocess

@@ -121,13 +121,12 @@ def usage_of(metas_by_prompt: list[list[dict[str, Any]]]) -> dict[str, Any]:
     p = sum(int(ms[0].get("prompt_tokens") or 0) for ms in metas_by_prompt if ms)
     c = sum(int(m.get("completion_tokens") or 0) for ms in metas_by_prompt for m in ms)
     k = sum(int(ms[0].get("cached_tokens") or 0) for ms in metas_by_prompt if ms)
-    tiers = {"device": 0, "host": 0, "storage": 0}
-    for ms in metas_by_prompt:
-        for tier, n in ((ms[0].get("cached_tokens_details") or {}) if ms else {}).items():
-            if tier in tiers:
-                tiers[tier] += int(n or 0)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": k, "cached_tokens_details": tiers}}
+    details = {"cached_tokens": k}
+    # The tier split appears when the worker reports one (hierarchical cache on).
+    split = [ms[0]["cached_tokens_details"] for ms in metas_by_prompt if ms and ms[0].get("cached_tokens_details")]
+    if split:
+        details["cached_tokens_details"] = {t: sum(int(d.get(t) or 0) for d in split) for t in ("device", "host", "storage")}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": details}
 
 
 def chat_logprobs(client: EngineClient, meta: dict[str, Any]) -> dict[str, Any]:
