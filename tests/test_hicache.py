@@ -178,3 +178,41 @@ def test_kv_events_follow_the_device_tree_through_demotion_and_promotion() -> No
     snap = s.snapshot()
     assert snap["hicache_pages_demoted"] + snap["hicache_pages_stored"] > 0 and snap["hicache_host_hit_tokens"] > 0
     assert stored_again > 0  # pages evicted to host and loaded back were announced again
+
+
+def test_storage_hits_stay_storage_when_admission_waits(tmp_path) -> None:
+    """A request whose pages came up from storage but that waits for pool room finds them
+    in the host tier on its next try: they are still reported as storage hits."""
+    import time
+
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    nbytes = 32
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    hc = HiCache(PAGE, 16, storage=tier)
+    try:
+        p = SamplingParams.from_dict({"max_new_tokens": 1})
+        req = Req(rid="r", input_ids=list(range(3, 3 + 4 * PAGE + 1)), params=p, on_output=lambda o: None)
+        req.uid = 7
+        hashes = hc.hashes(req, 4 * PAGE)
+        store.set([tier.key(h) for h in hashes], [bytes([k]) * nbytes for k in range(4)])
+        hc.on_arrival(req)
+        deadline = time.monotonic() + 10
+        while hc.storage_pending(req) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first = hc.match(req, 0, 4 * PAGE)
+        assert (first.host_tokens, first.storage_tokens) == (0, 4 * PAGE)
+        _, _, fills, _ = hc.take_copies()  # not admitted; the plan still runs the fills
+        assert [blob[0] for _, blob in fills] == [0, 1, 2, 3]
+        again = hc.match(req, 0, 4 * PAGE)
+        assert (again.host_tokens, again.storage_tokens) == (0, 4 * PAGE)
+        assert [page for page, _, _ in again.loads] == [page for page, _, _ in first.loads]
+        hc.on_finish(req)
+        other = Req(rid="o", input_ids=list(req.input_ids), params=p, on_output=lambda o: None)
+        other.uid = 8
+        hit = hc.match(other, 0, 4 * PAGE)  # another request: a plain host hit
+        assert (hit.host_tokens, hit.storage_tokens) == (4 * PAGE, 0)
+    finally:
+        tier.close()

@@ -75,6 +75,10 @@ class HiCache:
         self.loads: list[tuple[int, int, list[int]]] = []
         self.fills: list[tuple[int, bytes]] = []
         self.stored_hashes: list[tuple[int, int]] = []  # (host page, hash) of this plan's stores
+        # request uid -> hashes of the pages its lookups brought up from storage: a request
+        # that waits for pool room after its fills finds them in host next time; they still
+        # count as storage hits
+        self._filled: dict[int, set[int]] = {}
         self.stats: dict[str, float] = {
             "hicache_device_hit_tokens": 0, "hicache_host_hit_tokens": 0, "hicache_storage_hit_tokens": 0,
             "hicache_pages_stored": 0, "hicache_pages_loaded": 0, "hicache_pages_demoted": 0,
@@ -161,6 +165,7 @@ class HiCache:
         self.storage.start_prefetch(req.uid, hashes, start)
 
     def on_finish(self, req: Req) -> None:
+        self._filled.pop(req.uid, None)
         if self.storage is not None:
             self.storage.forget(req.uid)
 
@@ -177,10 +182,14 @@ class HiCache:
         if k0 >= len(hashes):
             return hit
         pages = self.host.lookup(hashes[k0:])
+        filled = self._filled.get(req.uid, set())
         first = device_tokens - k0 * P
-        for page in pages:
+        for h, page in zip(hashes[k0:], pages):
             hit.loads.append((page, first, P - first))
-            hit.host_tokens += P - first
+            if h in filled:
+                hit.storage_tokens += P - first
+            else:
+                hit.host_tokens += P - first
             first = 0
         k = k0 + len(pages)
         if self.storage is not None and k < len(hashes):
@@ -189,6 +198,7 @@ class HiCache:
                 if page is None:
                     break
                 self.fills.append((page, blob))  # committed now: the index already names the page
+                self._filled.setdefault(req.uid, set()).add(h)
                 hit.loads.append((page, first, P - first))
                 hit.storage_tokens += P - first
                 first = 0
