@@ -286,8 +286,15 @@ def test_decode_restart_drops_rooms_its_old_incarnation_pulled(pair):
     assert pair.p.snapshot()["pd_rooms_held"] == 1
     # the decode worker dies (its request with it) and comes back: a newer incarnation
     pair.start_decode()
-    pair.p.pd.fault = None
     pair.submit("new", list(range(5, 30)), 4, 8, out)
+    for _ in range(1000):  # still holding sends: only the new incarnation's Pull can drop the old room
+        pair.p.step()
+        pair.d.step()
+        if "old" in out.get("p", {}):
+            break
+        time.sleep(0.002)
+    assert pair.p.snapshot()["pd_rooms_held"] == 1 and set(pair.p.pd.rooms) == {8}
+    pair.p.pd.fault = None
     pair.run(finished(out, "d", ["new"]))
     assert out["d"]["new"].output_ids == expected_output(list(range(5, 30)), 4)
     fr = out["p"]["old"].meta_info["finish_reason"]

@@ -164,7 +164,8 @@ class PrefillRole:
         return len(held)
 
     def snapshot(self) -> dict[str, Any]:
-        return self.stats.snapshot(len(self.rooms))
+        pulled = sum(1 for r in self.rooms.values() if r.pull is not None)
+        return {**self.stats.snapshot(len(self.rooms)), "pd_rooms_pulled": pulled}
 
     def close(self) -> None:
         self.sender.close()
@@ -251,7 +252,9 @@ class PrefillRole:
 
     def _expire(self, now: float) -> None:
         for r in list(self.rooms.values()):
-            if r.state == "ready" and r.pull is None and now - r.ready_at > self.timeout:
+            if r.state == "ready" and r.pull is not None and self.fault is None:
+                self._send(r)  # held back by a test fault that has been cleared since
+            elif r.state == "ready" and r.pull is None and now - r.ready_at > self.timeout:
                 self._drop(r, "timeout", f"no decode worker pulled room {r.room} within "
                            f"{self.timeout:g}s (--disaggregation-timeout)", 504)
         for room, (peer, _, t) in list(self.early.items()):
