@@ -129,7 +129,7 @@ def test_prefill_killed_mid_transfer(pd):
     assert req_d.status == 504 and "timeout" in req_d.json["error"]["message"], req_d.json
     req_p.join(30)
     info = assert_kv_free(pd["d"])  # every slot it reserved for the room is back
-    assert info["pd_transfer_failures_total"].get("timeout", 0) >= 2
+    assert info["pd_transfer_failures_total"].get("timeout") == 1  # this decode (restarted above) timed out once
     # a new prefill where the old one was: the decode reaches it again
     pd["p"] = start_server("--max-total-tokens", "4096", "--enable-debug-calls", *prefill_flags(bport),
                            port=int(p.url.rsplit(":", 1)[1]))

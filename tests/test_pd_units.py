@@ -324,3 +324,34 @@ def test_prefill_bind_failure_is_clear():
             TcpKVSender("127.0.0.1", port, lambda: None)
     finally:
         first.close()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"tp_size": 2}, "--tp-size"),
+    ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+    ({"disable_radix_cache": True}, "--disable-radix-cache"),
+    ({"disaggregation_timeout": 0}, "--disaggregation-timeout"),
+    ({"disaggregation_bootstrap_port": 70000}, "--disaggregation-bootstrap-port"),
+])
+def test_config_refuses_unsupported_pd_combinations(kwargs, words):
+    from sgl.runtime.config import EngineConfig
+
+    with pytest.raises(ValueError, match=words):
+        EngineConfig.from_kwargs(disaggregation_mode="decode", **kwargs)
+    assert EngineConfig.from_kwargs(disaggregation_mode="prefill").disaggregation_bootstrap_port == 8998
+
+
+def test_empty_payload_round_trips_through_the_pool_copies():
+    from sgl.runtime.disaggregation.kv_copy import as_bytes, gather, layout_of, scatter
+
+    pool = KVPool(8, 2, 3, 4, torch.bfloat16)
+    for layer in range(2):
+        pool.k_buffers[layer].normal_()
+        pool.v_buffers[layer].normal_()
+    assert len(as_bytes(gather(pool, []))) == 0
+    buf = gather(pool, [5, 2])
+    other = KVPool(8, 2, 3, 4, torch.bfloat16)
+    scatter(other, [1, 7], bytes(as_bytes(buf)), layout_of(pool))
+    for layer in range(2):
+        assert torch.equal(other.k_buffers[layer][[1, 7]], pool.k_buffers[layer][[5, 2]])
+        assert torch.equal(other.v_buffers[layer][[1, 7]], pool.v_buffers[layer][[5, 2]])
