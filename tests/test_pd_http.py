@@ -135,3 +135,27 @@ def test_colocated_worker_ignores_bootstrap_fields():
                                          "bootstrap_room": 3})
         assert r.status_code == 200 and "bootstrap_room" not in eng.calls[0]
         assert http.post("/generate", json={"text": "hi"}).status_code == 200
+
+
+def test_pd_metrics_render_from_server_info():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sgl.runtime.disaggregation.stats import PDStats
+    from sgl.server.metrics import Metrics
+
+    st = PDStats("decode")
+    st.transfer(1000, 10, 0.004)
+    st.transfer(3000, 30, 2.0)
+    st.failure("timeout")
+    m = Metrics("m")
+    assert "sgl_pd_" not in m.render({"disaggregation_mode": "null"}).decode()
+    text = m.render(st.snapshot(rooms_held=2)).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    assert samples[("sgl_pd_transfer_bytes_total", ())] == 4000
+    assert samples[("sgl_pd_transfer_failures_total", (("reason", "timeout"),))] == 1
+    assert samples[("sgl_pd_rooms_held", ())] == 2
+    assert samples[("sgl_pd_transfer_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("sgl_pd_transfer_seconds_bucket", (("le", "+Inf"),))] == 2
+    assert samples[("sgl_pd_transfer_seconds_count", ())] == 2
+    assert samples[("sgl_pd_transfer_seconds_sum", ())] == 2.004

@@ -355,3 +355,15 @@ def test_empty_payload_round_trips_through_the_pool_copies():
     for layer in range(2):
         assert torch.equal(other.k_buffers[layer][[1, 7]], pool.k_buffers[layer][[5, 2]])
         assert torch.equal(other.v_buffers[layer][[1, 7]], pool.v_buffers[layer][[5, 2]])
+
+
+def test_engine_inputs_carry_one_room_per_sample():
+    from sgl.runtime.engine_io import normalize
+
+    specs, _ = normalize(None, None, [[5, 6], [7, 8]], {"n": 2, "max_new_tokens": 3}, False, None, None, False,
+                         None, 64, 100, ("h", None, [10, 20]), 9000)
+    assert [(s.input_ids, s.bootstrap) for s in specs] == [
+        ([5, 6], Bootstrap("h", 9000, 10)), ([5, 6], Bootstrap("h", 9000, 11)),
+        ([7, 8], Bootstrap("h", 9000, 20)), ([7, 8], Bootstrap("h", 9000, 21))]
+    specs, _ = normalize(None, None, [5, 6], {"max_new_tokens": 3}, False, None, None, False, None, 64, 100)
+    assert specs[0].bootstrap is None
