@@ -242,6 +242,7 @@ class Engine:
             "model_path": self.model_path, "dtype": self.dtype, "context_length": self.context_length,
             "device": self.device, "schedule_policy": self.config.schedule_policy,
             "disable_radix_cache": self.config.disable_radix_cache,
+            "disaggregation_bootstrap_port": self.config.disaggregation_bootstrap_port,
             "tp_size": r.tp_size, "nnodes": r.nnodes,
             "kv_pool_tokens_per_rank": r.kv_pool_tokens_per_rank, "kv_pool_bytes_per_rank": r.kv_pool_bytes_per_rank,
             "weight_bytes_per_rank": r.weight_bytes_per_rank, "worker_pids": r.pids,
