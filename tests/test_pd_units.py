@@ -367,3 +367,31 @@ def test_engine_inputs_carry_one_room_per_sample():
         ([7, 8], Bootstrap("h", 9000, 20)), ([7, 8], Bootstrap("h", 9000, 21))]
     specs, _ = normalize(None, None, [5, 6], {"max_new_tokens": 3}, False, None, None, False, None, 64, 100)
     assert specs[0].bootstrap is None
+
+
+def test_prefill_gone_mid_transfer_fails_the_decode_at_once():
+    pr = Pair(timeout=30)  # far longer than the test may take: the lost connection must end it
+    try:
+        out: dict[str, dict[str, ReqOutput]] = {}
+        pr.p.pd.fault = "hold_sends"
+        pr.submit("a", list(range(3, 60)), 4, 5, out)
+        for _ in range(1000):
+            pr.p.step()
+            pr.d.step()
+            r = pr.p.pd.rooms.get(5)
+            if r is not None and r.pull is not None and r.state == "ready":
+                break
+            time.sleep(0.002)
+        pr.p.pd.sender.close()  # the prefill worker dies: its socket closes
+        t0 = time.monotonic()
+        while "a" not in out.get("d", {}) and time.monotonic() - t0 < 10:
+            pr.d.step()
+            time.sleep(0.005)
+        fr = out["d"]["a"].meta_info["finish_reason"]
+        assert fr["status_code"] == 502 and "lost the connection" in fr["message"]
+        assert pr.d.snapshot()["pd_transfer_failures_total"] == {"prefill_lost": 1}
+        pr.d.check_invariants()
+        assert pr.d.snapshot()["pd_rooms_held"] == 0 and pr.d.kv.tree.protected_size() == 0
+        assert pr.d.kv.allocator.num_free + pr.d.kv.tree.total_size() == pr.d.kv.allocator.capacity
+    finally:
+        pr.d.close()

@@ -3,7 +3,7 @@
 A request with a bootstrap room never enters a prefill batch. It waits for its KV:
 
     queued --slots reserved, Pull sent--> pulling --KVReady--> running (a normal decode)
-       \\________________________________/    \\--Failed / mismatch--> 502
+       \\________________________________/    \\--Failed / mismatch / prefill lost--> 502
                  deadline (arrival + --disaggregation-timeout) --> 504, Cancel sent
 
 Admission (`_admit`, FIFO, before each step's batch is chosen): match the decode's own
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sgl.runtime.disaggregation.kv_copy import layout_of, payload_nbytes, scatter
-from sgl.runtime.disaggregation.protocol import (Bootstrap, Cancel, Failed, KVReady, KVReceiver, Pull, Received,
-                                                 tokens_hash)
+from sgl.runtime.disaggregation.protocol import (Bootstrap, Cancel, Failed, KVReady, KVReceiver, PeerLost, Pull,
+                                                 Received, tokens_hash)
 from sgl.runtime.disaggregation.stats import PDStats
 from sgl.runtime.scheduler.req import Req
 
@@ -91,7 +91,10 @@ class DecodeRole:
         now = self.clock()
         self._admit(now)
         for ev in self.receiver.poll():
-            self._received(ev, now)
+            if isinstance(ev, PeerLost):
+                self._lost(ev.addr, ev.at)
+            else:
+                self._received(ev, now)
         for w in list(self.waits.values()):
             if now > w.deadline:
                 what = "the KV transfer" if w.state == "pulling" else "room for the KV"
@@ -152,6 +155,13 @@ class DecodeRole:
             pulling += 1
             self.receiver.pull((w.boot.host, w.boot.port), Pull(
                 w.boot.room, cached, n, tokens_hash(req.fill_ids[:n]), self.decode_id, self.incarnation))
+
+    def _lost(self, addr: tuple[str, int], at: float) -> None:
+        for w in list(self.waits.values()):
+            if w.state == "pulling" and (w.boot.host, w.boot.port) == addr and w.pulled_at <= at:
+                self._fail(w, "prefill_lost", f"lost the connection to the prefill worker {w.boot.addr} while "
+                           f"waiting for room {w.boot.room} (the prefill worker died or restarted)", 502,
+                           cancel=False)
 
     def _received(self, ev: Received, now: float) -> None:
         msg = ev.msg

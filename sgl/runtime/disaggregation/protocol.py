@@ -152,6 +152,15 @@ class Received:
     payload: Any = None  # a buffer of the payload layout (module docstring)
 
 
+@dataclass
+class PeerLost:
+    """Decode side: the connection to the prefill at addr (host, port) broke; rooms
+    pulled from it before now will not arrive (the prefill worker died or restarted)."""
+
+    addr: tuple[str, int]
+    at: float  # time.monotonic() when it was noticed: later pulls went to a new connection
+
+
 class KVSender(Protocol):
     """Prefill side: serve rooms to decode workers."""
 
@@ -175,7 +184,7 @@ class KVReceiver(Protocol):
 
     def cancel(self, addr: tuple[str, int], msg: Cancel) -> None: ...
 
-    def poll(self) -> list[Received]:
-        """Rooms that arrived or failed since the last poll (never blocks)."""
+    def poll(self) -> list[Received | PeerLost]:
+        """Rooms that arrived or failed, and prefills lost, since the last poll (never blocks)."""
 
     def close(self) -> None: ...

@@ -10,7 +10,9 @@ buffer is handed to ZMQ and kept alive until ZMQ says the frame is sent.
 Decode (`TcpKVReceiver`): one DEALER per prefill address, named
 "<decode_id>|<incarnation>", so replies reach this incarnation only and a restarted
 decode worker is told apart from its predecessor. DEALERs connect lazily and queue
-pulls until the prefill is reachable; the caller's deadline bounds the wait.
+pulls until the prefill is reachable; the caller's deadline bounds the wait. A socket
+monitor reports a connection that breaks (the prefill died) as `PeerLost`, so the rooms
+pulled from it fail at once instead of at their deadline.
 
 Both threads only move bytes: decoded messages go into a queue the scheduler thread
 polls (and `wake()` nudges the scheduler loop); everything else happens there.
@@ -21,13 +23,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from sgl.runtime.disaggregation.kv_copy import as_bytes
-from sgl.runtime.disaggregation.protocol import (Cancel, Failed, KVReady, Pull, PullReceived, Received, SendDone,
-                                                 decode_to_decode, decode_to_prefill, encode)
+from sgl.runtime.disaggregation.protocol import (Cancel, Failed, KVReady, PeerLost, Pull, PullReceived, Received,
+                                                 SendDone, decode_to_decode, decode_to_prefill, encode)
 
 log = logging.getLogger("sgl.pd")
 
@@ -176,6 +180,7 @@ class TcpKVReceiver(_IOThread):
         self.identity = f"{decode_id}|{incarnation}".encode()
         self.wake = wake
         self.dealers: dict[tuple[str, int], zmq.Socket] = {}  # touched by the I/O thread only
+        self.monitors: dict[zmq.Socket, tuple[str, int]] = {}
         self.thread.start()
 
     def pull(self, addr: tuple[str, int], msg: Pull) -> None:
@@ -184,7 +189,7 @@ class TcpKVReceiver(_IOThread):
     def cancel(self, addr: tuple[str, int], msg: Cancel) -> None:
         self.command("send", addr, msg)
 
-    def poll(self) -> list[Received]:
+    def poll(self) -> list[Received | PeerLost]:
         return self.drain_events()
 
     def _dealer(self, addr: tuple[str, int], poller: zmq.Poller) -> zmq.Socket:
@@ -195,6 +200,9 @@ class TcpKVReceiver(_IOThread):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
             host, port = addr
+            mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            poller.register(mon, zmq.POLLIN)
+            self.monitors[mon] = addr
             sock.connect(f"tcp://{host}:{port}")
             poller.register(sock, zmq.POLLIN)
             self.dealers[addr] = sock
@@ -208,6 +216,9 @@ class TcpKVReceiver(_IOThread):
             for sock in list(self.dealers.values()):
                 if sock in ready:
                     self._receive(sock)
+            for mon, addr in list(self.monitors.items()):
+                if mon in ready:
+                    self._monitor(mon, addr)
             if self._wake_in in ready:
                 self.drain_wake()
             while True:
@@ -220,6 +231,18 @@ class TcpKVReceiver(_IOThread):
                         self._dealer(cmd[1], poller).send(encode(cmd[2]), zmq.NOBLOCK)
                     except zmq.ZMQError as e:  # queue full: the deadline will fail the room
                         log.warning("could not send %s to %s:%d: %s", type(cmd[2]).__name__, *cmd[1], e)
+
+    def _monitor(self, mon: zmq.Socket, addr: tuple[str, int]) -> None:
+        lost = False
+        while True:
+            try:
+                event = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
+        if lost:
+            self.events.put(PeerLost(addr, time.monotonic()))
+            self.wake()
 
     def _receive(self, sock: zmq.Socket) -> None:
         got = False
