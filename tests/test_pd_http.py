@@ -109,7 +109,8 @@ def test_requests_without_a_room_are_refused_naming_it(decode):
         r = http.post(path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == "bootstrap_room", r.text
         assert "decode worker" in r.json()["error"]["message"]
-    r = http.post("/generate", json={"text": "hi", "bootstrap_host": "h", "bootstrap_port": 1, "bootstrap_room": [1, 2]})
+    r = http.post("/generate", json={"text": "hi", "bootstrap_host": "h", "bootstrap_port": 1,
+                                     "bootstrap_room": [1, 2]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "bootstrap_room"
     r = http.post("/generate", json={"text": "hi", "bootstrap_host": "h", "bootstrap_port": 99999, "bootstrap_room": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "bootstrap_port"

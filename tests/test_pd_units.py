@@ -76,6 +76,13 @@ def test_messages_round_trip():
     assert tokens_hash([1, 2, 3]) == tokens_hash([1, 2, 3]) != tokens_hash([1, 2, 4])
     with pytest.raises(Exception):
         decode_to_prefill(encode(Failed(1, "x")))  # a decode-bound message is not a prefill's
+    # the API process -> worker request carries the sample's room
+    from sgl.runtime.ipc import messages
+
+    req = messages.Request("r", [1, 2], SamplingParams(), bootstrap=Bootstrap("localhost", 8998, 2**63 - 1))
+    plain = messages.Request("s", [3], SamplingParams())
+    back_req = messages.decode_to_worker(messages.encode(messages.Generate([req, plain])))
+    assert [r.bootstrap for r in back_req.reqs] == [Bootstrap("localhost", 8998, 2**63 - 1), None]
 
 
 # ---- a prefill and a decode scheduler over the tcp transport ----------------------------
@@ -206,7 +213,8 @@ def test_pd_outputs_equal_colocated_and_second_turn_moves_only_new_tokens(pair):
     m = out["d"]["t2"].meta_info
     assert out["d"]["t2"].output_ids == expected_output(turn2, 5)
     # the decode cached turn one's prompt and all but its last output token (never computed)
-    assert m["decode_cached_tokens"] == len(first) + 7 and m["kv_transfer_tokens"] == len(turn2) - m["decode_cached_tokens"]
+    assert m["decode_cached_tokens"] == len(first) + 7
+    assert m["kv_transfer_tokens"] == len(turn2) - m["decode_cached_tokens"]
     assert m["cached_tokens"] == len(first)  # the prefill's own cache hit
     snap_d, snap_p = pair.d.snapshot(), pair.p.snapshot()
     assert snap_d["pd_transfers_total"] == snap_p["pd_transfers_total"] == 7

@@ -198,7 +198,9 @@ class PrefillRole:
             del self.early[msg.room]
         r = self.rooms.get(msg.room)
         if r is not None and r.pull is not None and r.pull[1].decode_id == msg.decode_id:
-            text = f"the decode worker {msg.decode_id} gave up on room {msg.room}" + (f": {msg.reason}" if msg.reason else "")
+            text = f"the decode worker {msg.decode_id} gave up on room {msg.room}"
+            if msg.reason:
+                text += f": {msg.reason}"
             self._drop(r, "cancelled", text, 502)
 
     def _fresh(self, decode_id: str, incarnation: int) -> bool:
