@@ -78,6 +78,7 @@ class Forward:
     headers: dict[str, str]
     stream: bool = False
     route_req: RouteRequest | None = None  # set for generation routes: the policy chooses
+    json: dict[str, Any] | None = None  # the parsed body (PD mode adds the bootstrap fields to it)
     on_finish: Callable[[], None] | None = None  # runs once, when the answer has fully left
 
 
@@ -99,25 +100,35 @@ class Proxy:
         self.timeout = timeout
 
     def _choose(self, fwd: Forward, tried: list[str]) -> Worker:
-        cands = self.registry.candidates(exclude=tried)
+        return self.pick(self.registry, self.policy, fwd.route_req, tried)
+
+    def pick(self, registry: Registry, policy: Policy, route_req: RouteRequest | None, tried: list[str]) -> Worker:
+        """A worker of `registry` for the request (its `policy` decides when `route_req` is
+        given, else the least loaded), preferring those not in `tried`; NoWorkers if none."""
+        cands = registry.candidates(exclude=tried)
         if not cands:
-            n = len(self.registry.all())
-            raise NoWorkers("no workers registered" if n == 0 else
-                            f"none of the {n} worker(s) is healthy (health checks or circuit breaker)")
+            n = len(registry.all())
+            what = "" if registry.role == "worker" else f" {registry.role}"
+            raise NoWorkers(f"no{what} workers registered" if n == 0 else
+                            f"none of the {n}{what} worker(s) is healthy (health checks or circuit breaker)")
         least_loaded = min(cands, key=lambda w: w.state.in_flight)
-        if fwd.route_req is None:
+        if route_req is None:
             return least_loaded
         # Asked even with one candidate: a policy's trees, pending pages and counts follow what
         # it routed, and on_done is called for every attempt.
         try:
-            chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
+            chosen = policy.select(route_req, [w.state for w in cands])
         except Exception:  # a policy bug must not fail the request
-            logger.exception("policy %s failed to select; routing to the least-loaded worker", self.policy.name)
+            logger.exception("policy %s failed to select; routing to the least-loaded worker", policy.name)
             return least_loaded
-        w = self.registry.get(chosen.url)
+        w = registry.get(chosen.url)
         return w if w is not None and w in cands else least_loaded
 
     def _done(self, fwd: Forward, w: Worker, ok: bool | None, error: str | None = None) -> None:
+        self.settle(fwd.route_req, self.policy, w, ok, error)
+
+    def settle(self, route_req: RouteRequest | None, policy: Policy, w: Worker, ok: bool | None,
+               error: str | None = None) -> None:
         """Settle one attempt on `w`; ok None: abandoned by the client (no verdict on the worker)."""
         w.state.in_flight -= 1
         w.requests_total += 1
@@ -129,11 +140,14 @@ class Proxy:
             w.failures_total += 1
             w.last_error = error or w.last_error
         self.metrics.worker_requests.labels(w.url, {True: "ok", False: "error", None: "abandoned"}[ok]).inc()
-        if fwd.route_req is not None:
+        if route_req is not None:
             try:
-                self.policy.on_done(fwd.route_req, w.state, ok is not False)
+                policy.on_done(route_req, w.state, ok is not False)
             except Exception:  # a policy bug must not fail the request
                 logger.exception("policy.on_done failed")
+
+    async def close(self) -> None:
+        """Stop background work (none here; PD mode drains prefill answers)."""
 
     async def forward(self, fwd: Forward) -> Response:
         """The worker's answer as a response; never raises for worker trouble. Cancelling it
@@ -241,8 +255,10 @@ class Proxy:
         if fwd.on_finish is not None:
             fwd.on_finish()
 
-    async def fan_out(self, method: str, path: str, headers: dict[str, str]) -> list[tuple[str, int, Any]]:
-        """The same call to every worker at once: (url, status or 0, parsed body or error text)."""
+    async def fan_out(self, method: str, path: str, headers: dict[str, str],
+                      workers: list[Worker] | None = None) -> list[tuple[str, int, Any]]:
+        """The same call to every worker (of `workers`, default the registry) at once:
+        (url, status or 0, parsed body or error text)."""
         async def one(w: Worker) -> tuple[str, int, Any]:
             try:
                 r = await self.client.request(method, w.url + path, headers=headers, timeout=self.timeout)
@@ -253,7 +269,8 @@ class Proxy:
             except ValueError:
                 return w.url, r.status_code, r.text
 
-        return list(await asyncio.gather(*(one(w) for w in self.registry.all())))
+        targets = self.registry.all() if workers is None else workers
+        return list(await asyncio.gather(*(one(w) for w in targets)))
 
 
 def _describe(e: BaseException) -> str:
