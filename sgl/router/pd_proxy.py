@@ -23,7 +23,11 @@ request is done, and nothing P does can change D's answer; holding the stream wo
 add the tail of P's response to the time to first token. A failure of P after that point is
 counted on P and does not touch the client's answer.
 
-Control calls (/v1/models, /get_model_info) go to a prefill worker, as sglang-router's do.
+`PdProxy` reuses the regular `Proxy` for everything but the pairing: its worker choice
+(`pick`, per set and policy), its accounting (`settle`: in-flight, circuit, policy, metrics),
+its retry options, HTTP session and passthrough. Control calls (/v1/models, /get_model_info)
+stay on that `Proxy`, whose registry in PD mode is the prefill set (as sglang-router sends
+them to a prefill worker).
 """
 
 from __future__ import annotations
@@ -31,20 +35,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-import httpx
 from starlette.responses import Response
 
-from sgl.router.metrics import RouterMetrics
 from sgl.router.pd_request import error_event, merge_input_logprobs, with_bootstrap
 from sgl.router.policies.base import Policy
-from sgl.router.proxy import (CLIENT_CLOSED, FAILED, OK, Forward, NoWorkers, Proxy, _answer_headers, _describe,
-                              _Passthrough, _read_quietly, error_response, logger)
+from sgl.router.proxy import (CLIENT_CLOSED, FAILED, OK, Forward, NoWorkers, Passthrough, Proxy, answer_headers,
+                              describe_error, error_response, logger, read_quietly)
 from sgl.router.registry import Registry, Worker
-from sgl.router.retry import RetryOptions, retryable_status
+from sgl.router.retry import retryable_status
 
 
 @dataclass
@@ -73,11 +74,11 @@ class _Side:
     settled: bool = False
 
 
-class PdProxy(Proxy):
-    def __init__(self, prefill: Registry, decode: Registry, session: aiohttp.ClientSession,
-                 client: httpx.AsyncClient, retry: RetryOptions, metrics: RouterMetrics,
-                 on_connect_error: Callable[[str], None], timeout: float, wait_for_prefill: bool = False) -> None:
-        super().__init__(prefill, prefill.policy, session, client, retry, metrics, on_connect_error, timeout)
+class PdProxy:
+    def __init__(self, base: Proxy, prefill: Registry, decode: Registry, wait_for_prefill: bool = False) -> None:
+        self.base = base
+        self.session, self.retry, self.metrics = base.session, base.retry, base.metrics
+        self.settle, self.pick, self.on_connect_error = base.settle, base.pick, base.on_connect_error
         self.prefill, self.decode = prefill, decode
         self.wait_for_prefill = wait_for_prefill
         self._drains: set[asyncio.Task[_Result]] = set()  # prefill answers still being read
@@ -88,8 +89,9 @@ class PdProxy(Proxy):
         await asyncio.gather(*self._drains, return_exceptions=True)
 
     async def forward(self, fwd: Forward) -> Response:
-        if fwd.route_req is None or fwd.json is None:
-            return await super().forward(fwd)  # a control call: to a prefill worker
+        """The pair's answer as a response (`fwd` must carry `route_req` and `json`); never
+        raises for worker trouble. Cancelling it (the client left) closes both connections."""
+        assert fwd.route_req is not None and fwd.json is not None
         t0 = time.perf_counter()
         tried_p: list[str] = []
         tried_d: list[str] = []
@@ -103,18 +105,18 @@ class PdProxy(Proxy):
                 try:
                     p, d = self._pick_pair(fwd, tried_p, tried_d)
                 except NoWorkers as e:
-                    return self._final(fwd, t0, error_response(503, f"{e}; last error: {last}" if attempt else str(e)))
+                    return self.base._final(fwd, t0, error_response(503, f"{e}; last error: {last}" if attempt else str(e)))
                 tried_p.append(p.url)
                 tried_d.append(d.url)
-                out = await self._attempt(fwd, p, d, t0, final=attempt + 1 == self.retry.max_attempts)
+                out = await self._attempt_pair(fwd, p, d, t0, final=attempt + 1 == self.retry.max_attempts)
                 if isinstance(out, str):
                     last = out
                     continue
-                if isinstance(out, _Passthrough):
+                if isinstance(out, Passthrough):
                     finish_here = False  # the stream's end settles the request
                     return out
-                return self._final(fwd, t0, out)
-            return self._final(fwd, t0, error_response(502, f"all {len(tried_p)} attempt(s) failed; last: {last}"))
+                return self.base._final(fwd, t0, out)
+            return self.base._final(fwd, t0, error_response(502, f"all {len(tried_p)} attempt(s) failed; last: {last}"))
         finally:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
@@ -131,7 +133,7 @@ class PdProxy(Proxy):
             raise
         return p, d
 
-    async def _attempt(self, fwd: Forward, p: Worker, d: Worker, t0: float, final: bool) -> Response | str:
+    async def _attempt_pair(self, fwd: Forward, p: Worker, d: Worker, t0: float, final: bool) -> Response | str:
         """One try on the pair: the answer, or why to try again (the failures already counted)."""
         assert fwd.json is not None
         body = with_bootstrap(fwd.path.split("?")[0], fwd.json, p.host, p.bootstrap_port)
@@ -169,15 +171,15 @@ class PdProxy(Proxy):
             if fwd.stream:
                 assert ds.resp is not None
                 ds.settled = True  # the passthrough settles it when the stream ends
-                return _Passthrough(ds.resp, fwd, dr.body,
-                                    lambda end, err: self._stream_done(fwd, ps, ds, t0, end, err))
+                return Passthrough(ds.resp, fwd, dr.body,
+                                    lambda end, err: self._pair_stream_done(fwd, ps, ds, t0, end, err))
             out = dr.body
             if merge and ps.task.done() and not ps.task.result().bad:
                 out = merge_input_logprobs(ps.task.result().body, dr.body) or dr.body
             self._settle(fwd, ds, dr)
             self.metrics.pd_requests.labels(p.url, d.url, "ok").inc()
             assert ds.resp is not None
-            return Response(out, dr.status, _answer_headers(ds.resp, fwd))
+            return Response(out, dr.status, answer_headers(ds.resp, fwd))
         finally:
             for s in (ps, ds):  # cancelled (the client left), or the other side failed first
                 if s.settled or (s is ps and draining):
@@ -197,12 +199,12 @@ class PdProxy(Proxy):
             try:
                 resp = await self.session.post(url, data=data, headers=fwd.headers)
             except asyncio.TimeoutError as e:
-                return _Result(failure=_describe(e), reason="timeout")
+                return _Result(failure=describe_error(e), reason="timeout")
             except (aiohttp.ClientError, OSError) as e:
-                return _Result(failure=_describe(e), reason="connection")
+                return _Result(failure=describe_error(e), reason="connection")
             side.resp = resp
             if resp.status >= 400:
-                body = await _read_quietly(resp)
+                body = await read_quietly(resp)
                 if retryable_status(resp.status):
                     excerpt = body[:300].decode(errors="replace")
                     return _Result(resp.status, body, f"answered {resp.status}: {excerpt}", "status")
@@ -211,10 +213,10 @@ class PdProxy(Proxy):
                 body = await resp.read() if whole else await resp.content.readany()
             except asyncio.TimeoutError as e:
                 resp.close()
-                return _Result(resp.status, b"", _describe(e) + " while reading the answer", "timeout")
+                return _Result(resp.status, b"", describe_error(e) + " while reading the answer", "timeout")
             except aiohttp.ClientError as e:
                 resp.close()
-                return _Result(resp.status, b"", _describe(e) + " while reading the answer", "read")
+                return _Result(resp.status, b"", describe_error(e) + " while reading the answer", "read")
             if whole:
                 resp.release()
             msg = error_event(body)
@@ -254,7 +256,7 @@ class PdProxy(Proxy):
                                         "client_error" if r.failure is None else "error").inc()
         if r.failure is None:  # a 4xx the client caused: passed on as the worker answered it
             assert culprit.resp is not None
-            return Response(r.body, r.status, _answer_headers(culprit.resp, fwd))
+            return Response(r.body, r.status, answer_headers(culprit.resp, fwd))
         what = f"{culprit.role} worker {culprit.worker.url}: {r.failure}"
         if final:
             return error_response(r.status if r.status >= 400 else 502, f"PD request failed on the {what}")
@@ -273,13 +275,13 @@ class PdProxy(Proxy):
             if t.cancelled():
                 self._abandon(fwd, side)
             elif t.exception() is not None:
-                self._settle(fwd, side, _Result(failure=_describe(t.exception()), reason="read"))  # type: ignore[arg-type]
+                self._settle(fwd, side, _Result(failure=describe_error(t.exception()), reason="read"))  # type: ignore[arg-type]
             else:
                 self._settle(fwd, side, t.result())
 
         task.add_done_callback(done)
 
-    def _stream_done(self, fwd: Forward, ps: _Side, ds: _Side, t0: float, end: int, error: str | None) -> None:
+    def _pair_stream_done(self, fwd: Forward, ps: _Side, ds: _Side, t0: float, end: int, error: str | None) -> None:
         self.settle(fwd.route_req, ds.policy, ds.worker, {OK: True, FAILED: False}.get(end), error)
         if end == FAILED:
             self.metrics.pd_failures.labels("decode", "stream").inc()

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,9 +146,6 @@ class Proxy:
             except Exception:  # a policy bug must not fail the request
                 logger.exception("policy.on_done failed")
 
-    async def close(self) -> None:
-        """Stop background work (none here; PD mode drains prefill answers)."""
-
     async def forward(self, fwd: Forward) -> Response:
         """The worker's answer as a response; never raises for worker trouble. Cancelling it
         (the client left) closes the upstream connection, which aborts the worker's request."""
@@ -170,7 +167,7 @@ class Proxy:
                 if isinstance(out, str):
                     last = f"{w.url}: {out}"
                     continue
-                if isinstance(out, _Passthrough):
+                if isinstance(out, Passthrough):
                     finish_here = False  # the stream calls on_finish when it ends
                     return out
                 return self._final(fwd, t0, out)
@@ -179,10 +176,12 @@ class Proxy:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
 
-    async def forward_watching(self, fwd: Forward, receive: Receive) -> Response:
-        """`forward`, cancelled if the client disconnects while waiting for the answer (or, for
-        a stream, for its first chunk: the prefill); once a stream flows, `_Passthrough` watches."""
-        task = asyncio.ensure_future(self.forward(fwd))
+    async def forward_watching(self, fwd: Forward, receive: Receive,
+                               forward: Callable[[Forward], Awaitable[Response]] | None = None) -> Response:
+        """`forward` (default: this proxy's), cancelled if the client disconnects while waiting
+        for the answer (or, for a stream, for its first chunk: the prefill); once a stream
+        flows, `Passthrough` watches."""
+        task = asyncio.ensure_future((forward or self.forward)(fwd))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -209,7 +208,7 @@ class Proxy:
                 settled = True
                 return self._failed(fwd, w, e, "")
             if retryable_status(resp.status) and not final:
-                body = await _read_quietly(resp)
+                body = await read_quietly(resp)
                 settled = True
                 self._done(fwd, w, resp.status < 500, f"answered {resp.status}")
                 return f"answered {resp.status}: {body[:200].decode(errors='replace')}"
@@ -219,7 +218,7 @@ class Proxy:
                     # for that frame here, so a worker that dies in between is still retried.
                     first = await resp.content.readany()
                     settled = True  # the passthrough settles it when the stream ends
-                    return _Passthrough(resp, fwd, first, lambda end, err: self._stream_done(fwd, w, t0, end, err))
+                    return Passthrough(resp, fwd, first, lambda end, err: self._stream_done(fwd, w, t0, end, err))
                 body = await resp.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 resp.close()
@@ -228,7 +227,7 @@ class Proxy:
             resp.release()
             settled = True
             self._done(fwd, w, resp.status < 500)
-            return Response(body, resp.status, _answer_headers(resp, fwd))
+            return Response(body, resp.status, answer_headers(resp, fwd))
         finally:
             if not settled:  # cancelled: the client left, which is not the worker's failure
                 if resp is not None:
@@ -236,7 +235,7 @@ class Proxy:
                 self._done(fwd, w, None)
 
     def _failed(self, fwd: Forward, w: Worker, e: BaseException, where: str) -> str:
-        msg = _describe(e) + where
+        msg = describe_error(e) + where
         self._done(fwd, w, False, msg)
         if not isinstance(e, asyncio.TimeoutError):  # refused, reset, closed: is the worker gone?
             self.on_connect_error(w.url)
@@ -263,7 +262,7 @@ class Proxy:
             try:
                 r = await self.client.request(method, w.url + path, headers=headers, timeout=self.timeout)
             except httpx.HTTPError as e:
-                return w.url, 0, _describe(e)
+                return w.url, 0, describe_error(e)
             try:
                 return w.url, r.status_code, r.json()
             except ValueError:
@@ -273,11 +272,11 @@ class Proxy:
         return list(await asyncio.gather(*(one(w) for w in targets)))
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
+async def read_quietly(resp: aiohttp.ClientResponse) -> bytes:
     try:
         return await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -286,7 +285,7 @@ async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
         resp.release()
 
 
-def _answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str]:
+def answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str]:
     out = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
     rid = fwd.headers.get("x-request-id")  # the client's id wins over one the worker made up
     if rid:
@@ -294,7 +293,7 @@ def _answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str
     return out
 
 
-class _Passthrough(Response):
+class Passthrough(Response):
     """Streams the worker's bytes to the client as they arrive (no buffering, no parsing).
 
     Ends with an SSE error event + `data: [DONE]` if the worker's stream breaks, and closes
@@ -308,7 +307,7 @@ class _Passthrough(Response):
         self.done = done
         self.status_code = upstream.status
         self.background = None
-        self.init_headers(_answer_headers(upstream, fwd))
+        self.init_headers(answer_headers(upstream, fwd))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: list[Any] = [CLIENT_CLOSED, None]
@@ -338,7 +337,7 @@ class _Passthrough(Response):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             outcome[:] = [OK, None]
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            msg = f"worker stream failed: {_describe(e)}"
+            msg = f"worker stream failed: {describe_error(e)}"
             logger.warning("%s (%s)", msg, self.upstream.url)
             outcome[:] = [FAILED, msg]
             # Finish a frame cut in half, so the error event parses as its own frame.

@@ -73,7 +73,8 @@ async def _generation(request: Request, endpoint: str) -> Response:
     assert router.proxy is not None
     fwd = Forward("POST", endpoint, endpoint, raw, headers, stream=bool(body.get("stream")), route_req=route_req,
                   json=body if router.pd else None, on_finish=router.admission.release)
-    return await router.proxy.forward_watching(fwd, request.receive)
+    return await router.proxy.forward_watching(fwd, request.receive,
+                                               router.pd_proxy.forward if router.pd_proxy is not None else None)
 
 
 async def generate(request: Request) -> Response:
@@ -112,11 +113,11 @@ async def health_generate(request: Request) -> Response:
     router = _router(request)
     if not router.pd:
         return await _from_one(request, "/health_generate")
-    assert router.proxy is not None
+    assert router.pd_proxy is not None
     headers, _ = _headers(router, request)
     fwd = Forward("POST", "/generate", "/health_generate", None, headers,
                   route_req=RouteRequest("/generate", _PD_PROBE["text"]), json=dict(_PD_PROBE))
-    resp = await router.proxy.forward(fwd)
+    resp = await router.pd_proxy.forward(fwd)
     if resp.status_code != 200:
         return resp
     return PlainTextResponse("OK: a (prefill, decode) pair generated a token\n")

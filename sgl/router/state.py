@@ -33,6 +33,7 @@ from sgl.router.circuit import STATE_CODE, CircuitOptions
 from sgl.router.config import RouterConfig, normalize_url
 from sgl.router.health import HealthChecker, wait_healthy
 from sgl.router.metrics import RouterMetrics
+from sgl.router.pd_proxy import PdProxy
 from sgl.router.policies import PolicyOptions, make_policy
 from sgl.router.policies.base import Policy
 from sgl.router.proxy import Proxy
@@ -89,6 +90,7 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.proxy: Proxy | None = None
+        self.pd_proxy: PdProxy | None = None  # PD mode's generation path
         self._discovery: Any = None
         self._metrics_server: Any = None
 
@@ -111,16 +113,13 @@ class Router:
             auto_decompress=False)
         retry = RetryOptions(cfg.max_attempts, cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms,
                              cfg.retry_backoff_multiplier, cfg.retry_jitter_factor)
+        # Control calls go to self.registry's workers: PD mode's prefill set.
+        self.proxy = Proxy(self.registry, self.policy, self.session, self.client, retry, self.metrics,
+                           self._on_connect_error, cfg.request_timeout_secs)
         if self.pd:
-            from sgl.router.pd_proxy import PdProxy
-
             prefill, decode = self.fleet.role("prefill"), self.fleet.role("decode")
             assert prefill is not None and decode is not None
-            self.proxy = PdProxy(prefill, decode, self.session, self.client, retry, self.metrics,
-                                 self._on_connect_error, cfg.request_timeout_secs, cfg.pd_wait_for_prefill)
-        else:
-            self.proxy = Proxy(self.registry, self.policy, self.session, self.client, retry, self.metrics,
-                               self._on_connect_error, cfg.request_timeout_secs)
+            self.pd_proxy = PdProxy(self.proxy, prefill, decode, cfg.pd_wait_for_prefill)
         for r in self.fleet.sets:
             await r.policy.start()
         await self._add_startup_workers()
@@ -143,8 +142,8 @@ class Router:
         for t in list(self._bg):
             t.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)
-        if self.proxy is not None:
-            await self.proxy.close()
+        if self.pd_proxy is not None:
+            await self.pd_proxy.close()
         for r in self.fleet.sets:
             with contextlib.suppress(Exception):
                 await r.policy.stop()
