@@ -72,7 +72,8 @@ class FakePdWorker(JsonServer):
         self.finished = 0
         self.flushed = 0
         super().__init__(self._get, self._post)
-        self.server.handle_error = lambda *a: None  # type: ignore[method-assign]  # the router closing on us is expected
+        # The router closing a connection on us is expected: no tracebacks for it.
+        self.server.handle_error = lambda *a: None  # type: ignore[method-assign]
 
     def reset(self, *steps: Step) -> None:
         with self.lock:

@@ -50,8 +50,8 @@ def decode() -> Iterator[FakePdWorker]:
 @pytest.fixture(scope="module")
 def router(prefill: FakePdWorker, decode: FakePdWorker) -> Iterator[ServerProc]:
     r = start_router("--pd-disaggregation", "--prefill", prefill.url, "8998", "--decode", decode.url,
-                     "--policy", "round_robin", "--prefill-policy", "cache_aware", "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1",
-                     "--disable-circuit-breaker", "--log-level", "warn")
+                     "--policy", "round_robin", "--prefill-policy", "cache_aware", "--retry-max-retries", "3",
+                     "--retry-initial-backoff-ms", "1", "--disable-circuit-breaker", "--log-level", "warn")
     yield r
     r.stop()
 

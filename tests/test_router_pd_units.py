@@ -21,7 +21,8 @@ def test_pd_flags_as_sglang_router_spells_them():
                  "--decode", "http://127.0.0.1:30011", "--decode", "http://d2:30012",
                  "--policy", "round_robin", "--prefill-policy", "cache_aware"])
     assert cfg.pd_disaggregation
-    assert cfg.prefill == [("http://127.0.0.1:30001", 8998), ("http://localhost:30002", None), ("http://p3:30003", None)]
+    assert cfg.prefill == [("http://127.0.0.1:30001", 8998), ("http://localhost:30002", None),
+                           ("http://p3:30003", None)]
     assert cfg.decode == ["http://127.0.0.1:30011", "http://d2:30012"]
     assert cfg.role_policies() == {"prefill": "cache_aware", "decode": "round_robin"}
     assert parse(["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1",

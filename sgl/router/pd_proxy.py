@@ -105,7 +105,8 @@ class PdProxy:
                 try:
                     p, d = self._pick_pair(fwd, tried_p, tried_d)
                 except NoWorkers as e:
-                    return self.base._final(fwd, t0, error_response(503, f"{e}; last error: {last}" if attempt else str(e)))
+                    msg = f"{e}; last error: {last}" if attempt else str(e)
+                    return self.base.final_answer(fwd, t0, error_response(503, msg))
                 tried_p.append(p.url)
                 tried_d.append(d.url)
                 out = await self._attempt_pair(fwd, p, d, t0, final=attempt + 1 == self.retry.max_attempts)
@@ -115,8 +116,9 @@ class PdProxy:
                 if isinstance(out, Passthrough):
                     finish_here = False  # the stream's end settles the request
                     return out
-                return self.base._final(fwd, t0, out)
-            return self.base._final(fwd, t0, error_response(502, f"all {len(tried_p)} attempt(s) failed; last: {last}"))
+                return self.base.final_answer(fwd, t0, out)
+            msg = f"all {len(tried_p)} attempt(s) failed; last: {last}"
+            return self.base.final_answer(fwd, t0, error_response(502, msg))
         finally:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
@@ -274,14 +276,14 @@ class PdProxy:
                 return
             if t.cancelled():
                 self._abandon(fwd, side)
-            elif t.exception() is not None:
-                self._settle(fwd, side, _Result(failure=describe_error(t.exception()), reason="read"))  # type: ignore[arg-type]
-            else:
-                self._settle(fwd, side, t.result())
+                return
+            err = t.exception()
+            self._settle(fwd, side, t.result() if err is None else _Result(failure=describe_error(err), reason="read"))
 
         task.add_done_callback(done)
 
-    def _pair_stream_done(self, fwd: Forward, ps: _Side, ds: _Side, t0: float, end: int, error: str | None) -> None:
+    def _pair_stream_done(self, fwd: Forward, ps: _Side, ds: _Side, t0: float, end: int,
+                          error: str | None) -> None:
         self.settle(fwd.route_req, ds.policy, ds.worker, {OK: True, FAILED: False}.get(end), error)
         if end == FAILED:
             self.metrics.pd_failures.labels("decode", "stream").inc()

@@ -69,7 +69,7 @@ def with_bootstrap(endpoint: str, body: dict[str, Any], host: str, port: int | N
     return {**body, "bootstrap_host": [host] * k, "bootstrap_port": [port] * k, "bootstrap_room": new_rooms(k)}
 
 
-def rooms_of(body: dict[str, Any]) -> list[int]:
+def rooms_of(body: dict[str, Any]) -> list[Any]:
     """The bootstrap rooms a rewritten body carries (for logs and tests)."""
     room = body.get("bootstrap_room")
     return list(room) if isinstance(room, list) else [room]

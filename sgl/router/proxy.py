@@ -161,7 +161,8 @@ class Proxy:
                 try:
                     w = self._choose(fwd, tried)
                 except NoWorkers as e:
-                    return self._final(fwd, t0, error_response(503, f"{e}; last error: {last}" if tried else str(e)))
+                    msg = f"{e}; last error: {last}" if tried else str(e)
+                    return self.final_answer(fwd, t0, error_response(503, msg))
                 tried.append(w.url)
                 out = await self._attempt(fwd, w, t0, final=attempt + 1 == self.retry.max_attempts)
                 if isinstance(out, str):
@@ -170,8 +171,8 @@ class Proxy:
                 if isinstance(out, Passthrough):
                     finish_here = False  # the stream calls on_finish when it ends
                     return out
-                return self._final(fwd, t0, out)
-            return self._final(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
+                return self.final_answer(fwd, t0, out)
+            return self.final_answer(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
         finally:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
@@ -242,7 +243,7 @@ class Proxy:
         logger.info("request to %s failed before its answer reached the client: %s", w.url, msg)
         return msg
 
-    def _final(self, fwd: Forward, t0: float, resp: Response) -> Response:
+    def final_answer(self, fwd: Forward, t0: float, resp: Response) -> Response:
         self.metrics.observe(fwd.route, resp.status_code, time.perf_counter() - t0)
         return resp
 

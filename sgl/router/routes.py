@@ -106,7 +106,8 @@ async def model_info(request: Request) -> Response:
 
 
 # PD mode's /health_generate: one token through a (prefill, decode) pair, the whole path.
-_PD_PROBE = {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+_PD_PROBE_TEXT = "Hi"
+_PD_PROBE: dict[str, Any] = {"text": _PD_PROBE_TEXT, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
 
 
 async def health_generate(request: Request) -> Response:
@@ -116,7 +117,7 @@ async def health_generate(request: Request) -> Response:
     assert router.pd_proxy is not None
     headers, _ = _headers(router, request)
     fwd = Forward("POST", "/generate", "/health_generate", None, headers,
-                  route_req=RouteRequest("/generate", _PD_PROBE["text"]), json=dict(_PD_PROBE))
+                  route_req=RouteRequest("/generate", _PD_PROBE_TEXT), json=dict(_PD_PROBE))
     resp = await router.pd_proxy.forward(fwd)
     if resp.status_code != 200:
         return resp
