@@ -295,3 +295,28 @@ def test_unhealthy_side_and_failover_to_another_prefill(decode):
         assert g.status_code == 503 and "prefill" in g.json()["error"]["message"]
     finally:
         r.stop()
+
+
+def test_kv_aware_prefill_policy_and_workers_added_by_role(prefill, decode):
+    r = start_router("--pd-disaggregation", "--prefill", prefill.url, "8998", "--decode", decode.url,
+                     "--prefill-policy", "kv_aware", "--decode-policy", "cache_aware", "--log-level", "warn")
+    extra = FakePdWorker("decode")
+    try:
+        prefill.reset()
+        decode.reset()
+        with httpx.Client(base_url=r.url, timeout=60) as c:
+            assert c.post("/generate", json={"text": "hi"}).status_code == 200
+            assert c.get("/workers").json()["policies"] == {"prefill": "kv_aware", "decode": "cache_aware"}
+            bad = c.post("/add_worker", params={"url": extra.url, "worker_type": "decode", "bootstrap_port": "9"})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "bootstrap_port"
+            assert c.post("/add_worker", params={"url": extra.url, "worker_type": "decode"}).status_code == 200
+            roles = {w["url"]: w["role"] for w in c.get("/workers").json()["workers"]}
+            assert roles == {prefill.url: "prefill", decode.url: "decode", extra.url: "decode"}
+            for i in range(4):  # cache_aware spreads new prompts over both decode workers
+                assert c.post("/generate", json={"text": f"prompt {i} " * 8}).status_code == 200
+            assert extra.bodies() and decode.bodies()
+            assert c.post("/remove_worker", params={"url": extra.url}).status_code == 200
+            assert extra.url not in c.get("/list_workers").json()["urls"]
+    finally:
+        r.stop()
+        extra.close()
