@@ -18,10 +18,12 @@ JSON) and `data: [DONE]`, as in regular mode.
 
 Why D's stream is passed on before P's answer has ended (sglang-router 0.3.2 holds it until
 then; `--pd-wait-for-prefill` restores that): D's first chunk carries the first token, which
-D has only once P's KV and first token have reached it. From then on P's work for the
-request is done, and nothing P does can change D's answer; holding the stream would only
-add the tail of P's response to the time to first token. A failure of P after that point is
-counted on P and does not touch the client's answer.
+D has only once P's KV and first token have reached it (a worker sends no byte of a stream
+before its first output: sgl's server waits for that chunk before its answer head, so that
+errors are still HTTP statuses). From then on P's work for the request is done, and nothing
+P does can change D's answer; holding the stream would only add the tail of P's response to
+the time to first token. A failure of P after that point is counted on P and does not touch
+the client's answer.
 
 `PdProxy` reuses the regular `Proxy` for everything but the pairing: its worker choice
 (`pick`, per set and policy), its accounting (`settle`: in-flight, circuit, policy, metrics),
