@@ -223,8 +223,9 @@ class Router:
         url = normalize_url(url)
         reg = self.fleet.role(role)
         if reg is None:
-            roles = " or ".join(r.role for r in self.fleet.sets)
-            raise ValueError(f"worker_type must be {roles} in {'PD' if self.pd else 'regular'} mode; got {role!r}")
+            if not self.pd:
+                raise ValueError(f"worker_type {role!r} needs a router in PD mode (--pd-disaggregation)")
+            raise ValueError(f"worker_type must be prefill or decode in PD mode; got {role!r}")
         if url in self.fleet:
             return self.fleet.get(url), None
         err = None if self.cfg.disable_health_check else await wait_healthy(
