@@ -320,3 +320,15 @@ def test_kv_aware_prefill_policy_and_workers_added_by_role(prefill, decode):
     finally:
         r.stop()
         extra.close()
+
+
+def test_every_attempt_was_settled(router, prefill, decode):
+    """After all of the above (streams, retries, 4xx, broken streams, clients that left), the
+    router holds no admission slot and counts nothing in flight on either worker."""
+    def settled() -> bool:
+        text = httpx.get(router.url + "/metrics", timeout=30).text
+        return ("sgl_router_admission_active 0.0" in text
+                and f'sgl_router_worker_in_flight{{worker="{prefill.url}"}} 0.0' in text
+                and f'sgl_router_worker_in_flight{{worker="{decode.url}"}} 0.0' in text)
+
+    until(settled, "no slot held and nothing in flight")
