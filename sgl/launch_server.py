@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.dp_size != 1:  # N workers and a router, each its own process (sgl/server/replica_set.py)
         sys.exit(replica_set.run(args, sys.argv[1:] if argv is None else argv, parser))
     cfg = EngineConfig.from_kwargs(**kwargs)
+    if cfg.disaggregation_mode != "null" and not cfg.disaggregation_worker_id:
+        kwargs["disaggregation_worker_id"] = f"{args.host}:{args.port}"  # how PD peers name this worker
+        cfg = EngineConfig.from_kwargs(**kwargs)
     if cfg.node_rank != 0:  # this machine only hosts ranks; node 0 serves HTTP
         sys.exit(run_worker_node(cfg))
     import uvicorn

@@ -75,8 +75,9 @@ def group_pids(pgid: int) -> list[int]:
     return out
 
 
-def start_server(*extra: str, api_key: str | None = None, timeout: float = 300) -> ServerProc:
-    port = free_port()
+def start_server(*extra: str, api_key: str | None = None, timeout: float = 300, port: int | None = None) -> ServerProc:
+    """`port`: a given one (a test restarting a server where it was), else a free one."""
+    port = port or free_port()
     log = tempfile.NamedTemporaryFile(prefix="sgl-server-", suffix=".log", delete=False)
     args = [sys.executable, "-m", "sgl.launch_server", "--host", "127.0.0.1", "--port", str(port), *extra]
     if api_key:

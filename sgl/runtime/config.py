@@ -29,6 +29,7 @@ from typing import Any
 from sgl.runtime.kv_events.config import parse_kv_events_config
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
 
 
 def _f(default: Any, help: str, choices: tuple[Any, ...] | None = None, env: str | None = None) -> Any:
@@ -109,6 +110,18 @@ class EngineConfig(SharedOptions):
                                             "max_queue_size")
     data_parallel_rank: int | None = _f(None, "this worker's index in a replica set: sent in every KV event batch, "
                                               "and added to the KV event ports (vLLM's rule)")
+    disaggregation_mode: str = _f("null", "prefill/decode disaggregation: null (colocated), prefill (compute prompts, "
+                                          "send their KV to decode workers) or decode (receive KV, decode)",
+                                  DISAGGREGATION_MODES)
+    disaggregation_bootstrap_port: int = _f(8998, "prefill: the port of its bootstrap/transfer socket; decode: the "
+                                                  "prefill port used when a request's bootstrap_port is null")
+    disaggregation_transfer_backend: str = _f("tcp", "how KV moves between prefill and decode workers (ZMQ over TCP)",
+                                              ("tcp",))
+    disaggregation_timeout: float = _f(300.0, "seconds a decode worker waits for a request's KV, and a prefill worker "
+                                              "holds a room nobody pulls, before failing the request")
+    disaggregation_worker_id: str | None = _f(None, "this worker's name to its PD peers, HOST:PORT (default: the "
+                                                    "server's --host:--port); a prefill binds its bootstrap socket "
+                                                    "on HOST")
 
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
@@ -136,7 +149,25 @@ class EngineConfig(SharedOptions):
             raise ValueError(f"data_parallel_rank must be >= 0, got {self.data_parallel_rank}")
         parse_kv_events_config(self.kv_events_config)  # ValueError naming --kv-events-config
         self._check_hicache()
+        self._check_disaggregation()
         return self
+
+    def _check_disaggregation(self) -> None:
+        if not 0 < self.disaggregation_bootstrap_port < 65536:
+            raise ValueError(f"--disaggregation-bootstrap-port must be a port number, got "
+                             f"{self.disaggregation_bootstrap_port}")
+        if self.disaggregation_timeout <= 0:
+            raise ValueError(f"--disaggregation-timeout must be > 0 seconds, got {self.disaggregation_timeout}")
+        if self.disaggregation_mode == "null":
+            return
+        mode = f"--disaggregation-mode {self.disaggregation_mode}"
+        if self.tp_size > 1:
+            raise ValueError(f"{mode} does not support --tp-size > 1 yet (the KV pool is sent from one rank)")
+        if self.enable_hierarchical_cache:
+            raise ValueError(f"{mode} cannot be combined with --enable-hierarchical-cache yet")
+        if self.disable_radix_cache:
+            raise ValueError(f"{mode} needs the radix cache (the prefill holds, the decode reuses KV there): "
+                             "drop --disable-radix-cache")
 
     def _check_hicache(self) -> None:
         if self.hicache_ratio <= 0:
@@ -196,6 +227,8 @@ class Settings(SharedOptions):
     pushdown_lazy: bool = _f(True, "build a pushdown grammar's sub-machines on first use instead of all at compile")
     grammar_cache_entries: int = _f(256, "compiled grammars kept in memory (least recently used dropped first)")
     grammar_disk_cache: bool = _f(True, "keep compiled regex DFAs / indexes on disk under <cache dir>/grammars")
+    enable_debug_calls: bool = _f(False, "serve POST /debug/worker_call (KV invariant checks, fault injection) for "
+                                         "tests; never in production")
     triton_interpret: bool = _f(False, "run Triton kernels in Triton's CPU interpreter (Triton's own variable; "
                                        "lets the triton attention backend run without a GPU)", env="TRITON_INTERPRET")
 

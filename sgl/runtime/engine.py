@@ -116,13 +116,14 @@ class Engine:
     # -- generation -------------------------------------------------------------------
     def _specs(self, prompt: Any, input_ids: Any, sampling_params: Any, return_logprob: Any,
                logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool,
-               rid: Any) -> tuple[list[ReqSpec], bool]:
+               rid: Any, bootstrap: tuple[Any, Any, Any] = (None, None, None)) -> tuple[list[ReqSpec], bool]:
         if self._stopped:
             raise RuntimeError("this engine was shut down; create a new Engine")
         self.check_alive()
         specs, is_batch = normalize(self.tokenizer, prompt, input_ids, sampling_params, return_logprob,
                                     logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
-                                    self.vocab_size, self.context_length)
+                                    self.vocab_size, self.context_length, bootstrap,
+                                    self.config.disaggregation_bootstrap_port)
         for s in specs:  # a request larger than the whole KV pool could never be scheduled
             need = len(s.input_ids) + s.params.max_new_tokens
             if need > self.max_total_tokens:
@@ -136,17 +137,22 @@ class Engine:
         """Send one call's requests together (they are admitted in the same step)."""
         self.workers.submit([Request(
             rid=s.rid, input_ids=s.input_ids, params=s.params, return_logprob=s.return_logprob,
-            logprob_start_len=s.logprob_start_len, top_logprobs_num=s.top_logprobs_num, stream=stream)
-            for s in specs], on_output)
+            logprob_start_len=s.logprob_start_len, top_logprobs_num=s.top_logprobs_num, stream=stream,
+            bootstrap=s.bootstrap) for s in specs], on_output)
 
     def generate(
         self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
         input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
         stream: bool = False, rid: str | list[str] | None = None, return_text_in_logprobs: bool = False,
+        bootstrap_host: Any = None, bootstrap_port: Any = None, bootstrap_room: Any = None,
     ) -> dict | list[dict] | Iterator[dict]:
+        """SGLang's Engine.generate. On a PD worker (--disaggregation-mode) the bootstrap_*
+        arguments name each request's room (disaggregation/rooms.py); without them a
+        request runs here in full, as on a colocated worker."""
         specs, is_batch = self._specs(prompt, input_ids, sampling_params, return_logprob,
-                                      logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid)
+                                      logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
+                                      (bootstrap_host, bootstrap_port, bootstrap_room))
         if stream:
             if len(specs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
@@ -178,9 +184,11 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool | list[bool] = False,
         logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] | None = None,
         stream: bool = False, rid: str | list[str] | None = None, return_text_in_logprobs: bool = False,
+        bootstrap_host: Any = None, bootstrap_port: Any = None, bootstrap_room: Any = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         specs, is_batch = self._specs(prompt, input_ids, sampling_params, return_logprob,
-                                      logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid)
+                                      logprob_start_len, top_logprobs_num, return_text_in_logprobs, rid,
+                                      (bootstrap_host, bootstrap_port, bootstrap_room))
         if stream:
             if len(specs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
@@ -234,6 +242,7 @@ class Engine:
             "model_path": self.model_path, "dtype": self.dtype, "context_length": self.context_length,
             "device": self.device, "schedule_policy": self.config.schedule_policy,
             "disable_radix_cache": self.config.disable_radix_cache,
+            "disaggregation_bootstrap_port": self.config.disaggregation_bootstrap_port,
             "tp_size": r.tp_size, "nnodes": r.nnodes,
             "kv_pool_tokens_per_rank": r.kv_pool_tokens_per_rank, "kv_pool_bytes_per_rank": r.kv_pool_bytes_per_rank,
             "weight_bytes_per_rank": r.weight_bytes_per_rank, "worker_pids": r.pids,
@@ -243,6 +252,11 @@ class Engine:
     def check_invariants(self) -> None:
         """Prove (in the worker) that no KV slot is leaked or double-owned."""
         self._call("check_invariants")
+
+    def worker_call(self, name: str, *args: Any) -> Any:
+        """A named control call of the worker (worker/serve.py CALLS: invariants, fault
+        injection for tests); its value."""
+        return self._call(name, *args)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:

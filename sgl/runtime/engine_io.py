@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sgl.runtime.disaggregation.protocol import Bootstrap
+from sgl.runtime.disaggregation.rooms import expand_bootstrap
 from sgl.runtime.sampling_params import SamplingParams
 from sgl.runtime.scheduler.req import ReqOutput
 
@@ -24,6 +26,7 @@ class ReqSpec:
     logprob_start_len: int
     top_logprobs_num: int
     return_text_in_logprobs: bool
+    bootstrap: Bootstrap | None = None  # PD: this sample's room (disaggregation/rooms.py)
 
 
 def _per_item(value: Any, n: int, name: str) -> list[Any]:
@@ -37,9 +40,12 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
 def normalize(
     tokenizer: Any, prompt: Any, input_ids: Any, sampling_params: Any, return_logprob: Any,
     logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool, rid: Any,
-    vocab_size: int, context_length: int,
+    vocab_size: int, context_length: int, bootstrap: tuple[Any, Any, Any] = (None, None, None),
+    default_bootstrap_port: int = 8998,
 ) -> tuple[list[ReqSpec], bool]:
-    """Returns (specs, is_batch). n>1 expands into n specs per prompt, in order."""
+    """Returns (specs, is_batch). n>1 expands into n specs per prompt, in order.
+    `bootstrap` is SGLang's (bootstrap_host, bootstrap_port, bootstrap_room), scalars or
+    lists, expanded to one room per sample by disaggregation/rooms.py."""
     if (prompt is None) == (input_ids is None):
         raise ValueError("give exactly one of `prompt` (text) or `input_ids`")
     if prompt is not None:
@@ -60,12 +66,17 @@ def normalize(
     top_list = _per_item(top_logprobs_num, n_prompts, "top_logprobs_num")
     rid_list = _per_item(rid, n_prompts, "rid") if rid is not None else [None] * n_prompts
     specs: list[ReqSpec] = []
+    params_all = [SamplingParams.from_dict(params_list[i]) for i in range(n_prompts)]
+    n_each = {p.n for p in params_all}
+    if len(n_each) > 1 and bootstrap[2] is not None:
+        raise ValueError("a PD request (bootstrap_room) needs the same n for every prompt of the batch")
+    rooms = expand_bootstrap(*bootstrap, n_prompts, n_each.pop() if n_each else 1, default_bootstrap_port)
     for i, ids in enumerate(ids_list):
         if not ids:
             raise ValueError(f"prompt {i} is empty after tokenization")
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids):
             raise ValueError(f"input_ids of prompt {i} must be integers in [0, {vocab_size})")
-        params = SamplingParams.from_dict(params_list[i])
+        params = params_all[i]
         if len(ids) + params.max_new_tokens > context_length:
             raise ValueError(
                 f"prompt {i} has {len(ids)} tokens and asks for max_new_tokens={params.max_new_tokens}; "
@@ -84,6 +95,7 @@ def normalize(
                 input_ids=list(ids), params=params, return_logprob=bool(lp_list[i]),
                 logprob_start_len=start if lp_list[i] else -1, top_logprobs_num=top if lp_list[i] else 0,
                 return_text_in_logprobs=return_text_in_logprobs,
+                bootstrap=rooms[i][k] if rooms is not None else None,
             ))
     return specs, is_batch or (len(specs) > 1)
 

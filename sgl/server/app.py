@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from sgl.server import native_api, openai_api, openai_chat, openai_completions, router_api
+from sgl.runtime.config import settings
+from sgl.server import debug_api, native_api, openai_api, openai_chat, openai_completions, router_api
 from sgl.server.access_log import AccessLogMiddleware
 from sgl.server.auth import ApiKeyMiddleware
 from sgl.server.engine_client import EngineClient
@@ -67,6 +68,8 @@ def create_app(engine: Any, *, served_model_name: str | None = None, api_key: st
     install_error_handlers(app)
     for api in (native_api, router_api, openai_api, openai_completions, openai_chat):
         api.register(app)
+    if settings().enable_debug_calls:
+        debug_api.register(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:

@@ -33,6 +33,7 @@ from sgl.runtime.lru import LRU
 from sgl.runtime.sampling_params import ALIASES, SamplingParams
 from sgl.server.errors import APIError, ClientDisconnected, bad_request
 from sgl.server.metrics import Metrics
+from sgl.server.pd import engine_kwargs
 from sgl.server.sse import await_or_disconnect, guarded_stream, merge_streams
 
 logger = logging.getLogger("sgl.server")
@@ -60,6 +61,7 @@ class GenInput:
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     num_prompt_tokens: int = 0
+    bootstrap: list[Any] | None = None  # PD: one disaggregation Bootstrap per sample (n of them)
 
 
 @dataclass
@@ -123,8 +125,11 @@ def finish_of(chunk: dict[str, Any]) -> dict[str, Any] | None:
     return fr if fr else None
 
 
-def abort_error(message: str) -> APIError:
-    """A 400 for an engine abort; grammar compile failures name their constraint field."""
+def abort_error(message: str, status: int = 400) -> APIError:
+    """The error for an engine abort: a 400 (grammar compile failures name their
+    constraint field), or the status the worker gave (a PD transfer failure is a 5xx)."""
+    if status != 400:
+        return APIError(message, status)
     m = re.match(r"invalid (regex|json_schema|ebnf|lark|choices)\b", message)
     return bad_request(message, m.group(1) if m else None)
 
@@ -134,6 +139,18 @@ def abort_message(chunk: dict[str, Any]) -> str | None:
     if isinstance(fr, dict) and fr.get("type") == "abort":
         return str(fr.get("message") or "request aborted")
     return None
+
+
+def abort_status(chunk: dict[str, Any]) -> int:
+    """The HTTP status of an aborted chunk: 400 unless the worker named one."""
+    fr = finish_of(chunk)
+    status = fr.get("status_code") if isinstance(fr, dict) else None
+    return status if isinstance(status, int) and 400 <= status < 600 else 400
+
+
+def abort_chunk_error(chunk: dict[str, Any]) -> APIError | None:
+    msg = abort_message(chunk)
+    return None if msg is None else abort_error(msg, abort_status(chunk))
 
 
 def split_n(g: GenInput) -> list[GenInput]:
@@ -147,7 +164,8 @@ def split_n(g: GenInput) -> list[GenInput]:
         if sp.get("seed") is not None:
             sp["seed"] = sp["seed"] + j
         out.append(GenInput(g.text, g.input_ids, sp, f"{g.rid}-{j}", g.return_logprob, g.logprob_start_len,
-                            g.top_logprobs_num, g.num_prompt_tokens))
+                            g.top_logprobs_num, g.num_prompt_tokens,
+                            None if g.bootstrap is None else [g.bootstrap[j]]))
     return out
 
 
@@ -249,7 +267,7 @@ class EngineClient:
         return self.engine.async_generate(
             prompt=g.text, sampling_params=g.sampling, input_ids=g.input_ids,
             return_logprob=g.return_logprob, logprob_start_len=g.logprob_start_len,
-            top_logprobs_num=g.top_logprobs_num, stream=stream, rid=g.rid)
+            top_logprobs_num=g.top_logprobs_num, stream=stream, rid=g.rid, **engine_kwargs(g.bootstrap))
 
     async def _generate_one(self, g: GenInput) -> Any:
         t0 = time.perf_counter()
@@ -262,9 +280,9 @@ class EngineClient:
             self.active.pop(g.rid, None)
         outs = out if isinstance(out, list) else [out]
         for o in outs:
-            msg = abort_message(o)
-            if msg is not None:
-                raise abort_error(msg)
+            err = abort_chunk_error(o)
+            if err is not None:
+                raise err
         for o in outs:
             self.metrics.observe_generation(meta_of(o), time.perf_counter() - t0, None)
         return out
@@ -328,10 +346,10 @@ class EngineClient:
         except BaseException:
             abort()
             raise
-        msg = abort_message(first)
-        if msg is not None:
+        err = abort_chunk_error(first)
+        if err is not None:
             self.active.pop(g.rid, None)
-            raise abort_error(msg)
+            raise err
         return StreamHandle(first, it, g.rid, t0, time.perf_counter() - t0, self)
 
     def abort(self, rid: str) -> None:

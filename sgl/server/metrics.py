@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from sgl.server.hicache_metrics import HiCacheCollector
+from sgl.server.pd_metrics import PDCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -188,6 +189,8 @@ class Metrics:
         self.sglang = SGLangMetrics(r, model_name)
         self.hicache = HiCacheCollector(model_name)  # KV tier series (hicache_metrics.py), only when on
         r.register(self.hicache)
+        self.pd = PDCollector()  # PD transfer series (pd_metrics.py), only on prefill/decode workers
+        r.register(self.pd)
         self.rates = RecentRates()
 
     def observe_http(self, path: str, status: int) -> None:
@@ -234,6 +237,7 @@ class Metrics:
         if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total:
             self.kv_usage.set(used / total)
         self.hicache.update(info)
+        self.pd.update(info)
         if server_info:
             self.note_engine_state(server_info)
             self.sglang.refresh(server_info, self.rates)

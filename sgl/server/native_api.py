@@ -21,9 +21,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import (EngineClient, GenInput, abort_message, client_of, new_rid, split_n,
+from sgl.server.engine_client import (EngineClient, GenInput, abort_chunk_error, client_of, new_rid, split_n,
                                      sse_response, tagged_chunks)
 from sgl.server.errors import APIError, bad_request, error_body
+from sgl.server.pd import bootstraps
 from sgl.server.sse import DONE, sse
 
 MAX_BATCH = 256
@@ -44,6 +45,10 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
+    # PD disaggregation (sgl/server/pd.py): what a PD router adds; ignored when colocated.
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class AbortRequest(BaseModel):
@@ -132,6 +137,11 @@ def _build_inputs(req: GenerateRequest, client: EngineClient) -> tuple[list[GenI
         gens.append(GenInput(texts[i], ids_list[i], sp, rids[i] or new_rid(), bool(want_lp[i]), start, top, num))
     if len(set(g.rid for g in gens)) != len(gens):
         raise bad_request("rid values must be unique", "rid")
+    if len({int(g.sampling.get("n", 1)) for g in gens}) > 1 and req.bootstrap_room is not None:
+        raise bad_request("a PD request (bootstrap_room) needs the same n for every prompt", "sampling_params")
+    rooms = bootstraps(client.engine, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, n_prompts, n_each)
+    for g, samples in zip(gens, rooms or []):
+        g.bootstrap = samples
     return gens, is_batch, n_each
 
 
@@ -198,9 +208,9 @@ async def _stream_generate(request: Request, client: EngineClient, gens: list[Ge
         try:
             async for i, chunk in tagged_chunks(handles):
                 shaped = shape_result(client, chunk, subs[i], with_text, t0)
-                msg = abort_message(chunk)
-                if msg is not None:
-                    yield sse(error_body(msg, "invalid_request_error", None, 400))
+                err = abort_chunk_error(chunk)
+                if err is not None:
+                    yield sse(error_body(err.message, err.type, err.param, err.status))
                     continue
                 if tagged:
                     shaped["index"] = i

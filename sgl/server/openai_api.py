@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
 from sgl.runtime.sampling_params import FIELD_NAMES
 from sgl.server.access_log import note_usage
-from sgl.server.engine_client import (EngineClient, GenInput, abort_message, client_of, finish_of, meta_of,
+from sgl.server.engine_client import (EngineClient, GenInput, abort_chunk_error, client_of, finish_of, meta_of,
                                      sse_response, tagged_chunks)
 from sgl.server.errors import APIError, bad_request, error_body
 from sgl.server.model_name import resolve_model
@@ -204,9 +204,9 @@ async def stream_choices(request: Request, client: EngineClient, subs: list[GenI
             yield frame(opening)
         try:
             async for i, chunk in tagged_chunks(handles):
-                msg = abort_message(chunk)
-                if msg is not None:
-                    yield sse(error_body(msg, "invalid_request_error", None, 400))
+                err = abort_chunk_error(chunk)
+                if err is not None:
+                    yield sse(error_body(err.message, err.type, err.param, err.status))
                     continue
                 choices = renderer.on_chunk(i, chunk, states[i])
                 if finish_of(chunk) is not None:

@@ -23,6 +23,7 @@ from sgl.server.errors import bad_request
 from sgl.server.openai_api import (Envelope, chat_logprobs, check_model, finish_reason, generate_groups,
                                    response_format_schema, sampling_from, stream_choices, usage_of, wants_usage)
 from sgl.server.openai_protocol import ChatCompletionRequest
+from sgl.server.pd import bootstraps
 
 
 def register(app: FastAPI) -> None:
@@ -137,8 +138,9 @@ def parse_chat(req: ChatCompletionRequest, client: EngineClient, engine: Any, mo
     sp = sampling_from(req, client, limit, schema)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
+    rooms = bootstraps(client.engine, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, 1, req.n)
     gen = GenInput(prompt, None, sp, req.rid or new_rid("chatcmpl-"), req.logprobs, None,
-                   (req.top_logprobs or 0) if req.logprobs else None, num)
+                   (req.top_logprobs or 0) if req.logprobs else None, num, rooms[0] if rooms is not None else None)
     return ChatJob(req, plan, gen, Envelope("chatcmpl-" + uuid.uuid4().hex, "chat.completion", model,
                                             chunk_object="chat.completion.chunk", fingerprint=True))
 

@@ -20,6 +20,7 @@ from sgl.server.errors import bad_request
 from sgl.server.openai_api import (Envelope, check_model, completion_logprobs, finish_reason, generate_groups,
                                    response_format_schema, sampling_from, stream_choices, usage_of, wants_usage)
 from sgl.server.openai_protocol import MAX_N, CompletionRequest
+from sgl.server.pd import bootstraps
 
 Prompt = tuple[str | None, list[int] | None]  # (text, None) or (None, token ids)
 
@@ -60,8 +61,9 @@ def parse_completion(req: CompletionRequest, client: EngineClient, model: str) -
     max_new = 16 if req.max_tokens is None else req.max_tokens
     sp = sampling_from(req, client, max_new, response_format_schema(req.response_format))
     want_lp = req.logprobs is not None
+    rooms = bootstraps(client.engine, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, len(prompts), req.n)
     gens = []
-    for text, ids in prompts:
+    for pi, (text, ids) in enumerate(prompts):
         if text is not None:
             if not text:
                 raise bad_request("prompt is empty", "prompt")
@@ -70,7 +72,7 @@ def parse_completion(req: CompletionRequest, client: EngineClient, model: str) -
             num = len(client.check_ids(ids, "prompt"))
         client.check_budget(num, max_new, prompt_param="prompt", max_param="max_tokens")
         gens.append(GenInput(text, ids, sp, new_rid("cmpl-"), want_lp, 0 if (want_lp and req.echo) else None,
-                             req.logprobs if want_lp else None, num))
+                             req.logprobs if want_lp else None, num, rooms[pi] if rooms is not None else None))
     echo = [(text if text is not None else client.tokenizer.decode(ids)) if req.echo else "" for text, ids in prompts]
     return CompletionJob(req, gens, echo, Envelope("cmpl-" + uuid.uuid4().hex, "text_completion", model))
 

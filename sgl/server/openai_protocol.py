@@ -54,6 +54,10 @@ class _OpenAISampling(BaseModel):
     stream_options: StreamOptions | None = None
     min_tokens: int | None = Field(None, ge=0)  # vLLM's name, not OpenAI's, but the renamed kind
     rid: str | None = None
+    # PD disaggregation (sgl/server/pd.py): what a PD router adds; ignored when colocated.
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 # OpenAI's spelling of a SamplingParams field where it differs; max_tokens is read by each

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from sgl.runtime.disaggregation.protocol import Bootstrap
 from sgl.runtime.sampling_params import SamplingParams
 
 
@@ -30,6 +31,7 @@ class Request(msgspec.Struct):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
+    bootstrap: Bootstrap | None = None  # PD: the sample's bootstrap room (disaggregation/rooms.py)
 
 
 class Generate(msgspec.Struct, tag="gen"):

@@ -179,6 +179,8 @@ class OutputProcessor:
         }
         if req.first_token_at is not None:
             m["ttft"] = req.first_token_at - req.created_at
+        if req.pd_meta:
+            m.update(req.pd_meta)
         if req.return_logprob:
             m["input_token_logprobs"] = [(lp, t, None) for lp, t in req.input_logprobs]
             m["output_token_logprobs"] = [(None if lp != lp else lp, t, None) for lp, t in req.output_logprobs]

@@ -47,6 +47,10 @@ class Req:
     grammar_future: Any = None  # concurrent.futures.Future while compiling
     seed: int | None = None  # sampling seed (resolved at admission for non-greedy requests)
     uid: int = -1  # unique per scheduler; names the request's state on the executor side
+    # PD disaggregation (sgl/runtime/disaggregation): where this request's KV comes from
+    # (decode) or which room it serves (prefill); cleared once a decode request has its KV.
+    bootstrap: Any = None  # protocol.Bootstrap
+    pd_meta: dict[str, Any] | None = None  # transfer facts added to meta_info
 
     # KV state (see module docstring)
     req_pool_idx: int | None = None

@@ -95,6 +95,8 @@ class Scheduler:
         self._live: dict[int, Req] = {}  # uid -> request, from admission to finish
         self._released: list[int] = []  # uids finished since the last plan
         self._stored_pages: list[tuple[int, int]] = []  # (host page, hash) stored by the plan being run
+        # PD disaggregation role (sgl/runtime/disaggregation/__init__.py lists its hooks), or None.
+        self.pd: Any = None
         self.stats: dict[str, float] = {
             "num_requests_total": 0, "num_finished_total": 0, "num_aborted_total": 0,
             "prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
@@ -112,6 +114,15 @@ class Scheduler:
     def abort(self, rid: str) -> None:
         self.inbox.put(("abort", rid))
 
+    def attach_pd(self, role: Any) -> None:
+        """Make this a prefill or decode worker (role: disaggregation.build_role)."""
+        self.pd = role
+        role.attach(self)
+
+    def wake(self) -> None:
+        """Thread-safe: end the loop's idle wait now (the PD transport has news)."""
+        self.inbox.put(("wake",))
+
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run fn inside the scheduler thread between steps (flush, invariants, stats)."""
         fut: Future = Future()
@@ -120,7 +131,8 @@ class Scheduler:
 
     # -- loop ---------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running or self.grammar_wait)
+        return bool(self.waiting or self.prefilling or self.running or self.grammar_wait
+                    or (self.pd is not None and self.pd.has_work()))
 
     def run_forever(self, stop: threading.Event, after_iteration: Callable[[], None] | None = None) -> None:
         """Loop until `stop` is set. `after_iteration` runs after every iteration, busy or
@@ -172,11 +184,18 @@ class Scheduler:
                 if r.on_output is not None:
                     r.finish_reason = {"type": "abort", "message": message}
                     r.on_output(self.out.make_output(r))
+        if self.pd is not None:
+            try:
+                self.pd.fail_all(message)
+            except Exception:
+                log.exception("could not end the PD requests after the crash")
 
     def step(self) -> bool:
         """One iteration; False when there was nothing to run."""
         self._drain_inbox(timeout=None)
         self._poll_grammars()
+        if self.pd is not None:
+            self.pd.poll()
         plan = self.schedule()
         if plan is None:
             if self.kv.hicache is not None and self.kv.hicache.has_copies():
@@ -262,6 +281,8 @@ class Scheduler:
                     self._admit_new(req)
             elif kind == "abort":
                 self._abort(msg[1])
+            elif kind == "wake":  # only ends the idle wait
+                pass
             elif kind == "call":
                 fn, fut = msg[1], msg[2]
                 try:
@@ -292,6 +313,13 @@ class Scheduler:
             return
         if self.kv.hicache is not None:
             self.kv.hicache.on_arrival(req)
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
+        """Queue for prefill, unless the PD role takes the request (a decode worker's
+        request waits for its KV instead)."""
+        if self.pd is not None and req.bootstrap is not None and self.pd.takes(req):
+            return
         self.waiting.append(req)
 
     def _poll_grammars(self) -> None:
@@ -317,14 +345,14 @@ class Scheduler:
             if req.finished:
                 self._finish(req, req.finish_reason)
             else:
-                self.waiting.append(req)
+                self._enqueue(req)
 
     def abort_all(self, message: str) -> int:
         """Finish every live request with an abort (engine shutdown); returns how many."""
         live = self.grammar_wait + self.waiting + self.prefilling + self.running
         for r in live:
             self._finish(r, {"type": "abort", "message": message})
-        return len(live)
+        return len(live) + (self.pd.fail_all(message) if self.pd is not None else 0)
 
     def _abort(self, rid: str) -> None:
         for lst in (self.grammar_wait, self.waiting, self.prefilling, self.running):
@@ -332,6 +360,8 @@ class Scheduler:
                 if r.rid == rid:
                     self._finish(r, {"type": "abort", "message": "aborted"})
                     return
+        if self.pd is not None:
+            self.pd.abort(rid)
 
     # -- results --------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> None:
@@ -354,6 +384,9 @@ class Scheduler:
                 self.running.append(req)
             if row.sample is None:
                 continue
+            if req.bootstrap is not None and self.pd is not None and self.pd.take_first_token(req, res):
+                self._finish(req, req.finish_reason)
+                continue
             self.out.append_token(req, res.token_id, res.logprob, res.top_logprobs)
             if req.finished:
                 self._finish(req, req.finish_reason)
@@ -369,6 +402,8 @@ class Scheduler:
                 lst.remove(req)
         if req.grammar_future is not None:
             req.grammar_future.cancel()
+        # A PD prefill keeps its prompt's KV locked for its room, its response held back.
+        held = self.pd is not None and req.bootstrap is not None and self.pd.hold(req)
         if req.req_pool_idx is not None or req.last_node is not None:
             self.kv.release(req)
         if self.kv.hicache is not None:
@@ -381,18 +416,22 @@ class Scheduler:
         s["cached_tokens_total"] += req.num_cached_tokens
         s["generation_tokens_total"] += len(req.output_ids)
         s["jump_forward_tokens_total"] += req.jump_forward_tokens
+        if held:
+            return
         if req.on_output is not None:
             req.on_output(self.out.make_output(req))
 
     # -- introspection (call from the scheduler thread, e.g. via call()) ------------------
     def check_invariants(self) -> None:
-        self.kv.check_invariants(self.prefilling + self.running)
+        self.kv.check_invariants(self.prefilling + self.running + (self.pd.live() if self.pd is not None else []))
 
     def close(self) -> None:
         """Stop background work (the storage tier's threads, after their queued writes)."""
         hc = self.kv.hicache
         if hc is not None and hc.storage is not None:
             hc.storage.close()
+        if self.pd is not None:
+            self.pd.close()
 
     def clear_hicache_storage(self) -> bool:
         """Drop every page of the storage tier (this model's namespace); False when there is none."""
@@ -437,6 +476,7 @@ class Scheduler:
             "kv_usage": (total - free) / total if total else 0.0,
             "cache_hit_rate": (self.stats["cached_tokens_total"] / prompt) if prompt else 0.0,
             **self._hicache_snapshot(),
+            **(self.pd.snapshot() if self.pd is not None else {"disaggregation_mode": "null"}),
         }
 
     def _hicache_snapshot(self) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
     kv = KVCache(RadixTree(disable=cfg.disable_radix_cache), SlotAllocator(rm.max_total_tokens + 1), table,
                  hicache(cfg, rm))
     eos = set(rm.config.eos_token_ids)
-    return Scheduler(
+    sched = Scheduler(
         SchedulerConfig(
             schedule_policy=cfg.schedule_policy,
             max_prefill_tokens=cfg.max_prefill_tokens,
@@ -160,6 +160,12 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
         rm.runner, kv, rm.tokenizer, eos, grammar_compiler=LazyGrammarCompiler(rm.tokenizer, eos, cfg),
         device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers, rm.host_pool, rm.pool),
     )
+    from sgl.runtime.disaggregation import build_role
+
+    role = build_role(cfg, rm.pool, sched.wake)
+    if role is not None:
+        sched.attach_pd(role)
+    return sched
 
 
 def build_kv_events(cfg: EngineConfig, scheduler: Any, device: str) -> Any:

@@ -64,6 +64,9 @@ CALLS: dict[str, Callable[..., Any]] = {
     "check_invariants": lambda s: s.check_invariants(),
     "inject_fault": inject_fault,
     "clear_fault": lambda s: setattr(s, "fault_hook", None),
+    # PD tests: a fault of the prefill/decode role ("hold_sends": pulled rooms are never
+    # sent; None clears it), and nothing else.
+    "pd_fault": lambda s, name: setattr(s.pd, "fault", name) if s.pd is not None else None,
 }
 
 
@@ -173,7 +176,7 @@ class Serve:
                 self.scheduler.submit_many([Req(
                     rid=r.rid, input_ids=r.input_ids, params=r.params, return_logprob=r.return_logprob,
                     logprob_start_len=r.logprob_start_len, top_logprobs_num=r.top_logprobs_num,
-                    stream=r.stream, on_output=self.outbox.output) for r in msg.reqs])
+                    stream=r.stream, bootstrap=r.bootstrap, on_output=self.outbox.output) for r in msg.reqs])
             elif isinstance(msg, Abort):
                 self.scheduler.abort(msg.rid)
             elif isinstance(msg, Call):

@@ -1,0 +1,44 @@
+"""Prefill/decode disaggregation (`--disaggregation-mode prefill|decode`).
+
+protocol.py is the seam (messages, the KVSender / KVReceiver transports), tcp.py the
+ZMQ transport, rooms.py the rule giving every sample its bootstrap room, kv_copy.py the
+pool <-> buffer copies, prefill.py / decode.py the per-role room bookkeeping the
+scheduler drives, stats.py the counters. The scheduler holds one role object (or none on
+a colocated worker) and calls it at a few points of its loop:
+
+    takes(req)              a request with a bootstrap room is about to queue for prefill;
+                            True: the role took it (decode: it waits for its KV instead)
+    take_first_token(req, res)  a PD prefill sampled its first token: True ends it
+    hold(req)               the request is finishing, KV not released yet: True keeps
+                            it locked and holds its response back (prefill)
+    poll()                  once per iteration: transport events, admissions, timeouts
+    abort(rid), fail_all(message), live(), has_work(), snapshot(), close()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def build_role(cfg: Any, pool: Any, wake: Any) -> Any:
+    """The role for cfg.disaggregation_mode over `pool` (None when "null"); `wake()`
+    nudges the scheduler loop when the transport has news."""
+    mode = cfg.disaggregation_mode
+    if mode == "null":
+        return None
+    worker_id = cfg.disaggregation_worker_id or f"127.0.0.1:pid{os.getpid()}"
+    host = worker_id.rpartition(":")[0] or "127.0.0.1"
+    if mode == "prefill":
+        from sgl.runtime.disaggregation.prefill import PrefillRole
+        from sgl.runtime.disaggregation.tcp import TcpKVSender
+
+        return PrefillRole(TcpKVSender(host, cfg.disaggregation_bootstrap_port, wake), pool,
+                           cfg.disaggregation_timeout)
+    from sgl.runtime.disaggregation.decode import DecodeRole
+    from sgl.runtime.disaggregation.tcp import TcpKVReceiver
+
+    incarnation = time.time_ns()
+    return DecodeRole(TcpKVReceiver(worker_id, incarnation, wake), pool, cfg.disaggregation_timeout, worker_id,
+                      incarnation)
