@@ -18,9 +18,9 @@ Read at scrape time from the live objects:
     sgl_router_healthy_workers / sgl_router_workers
     sgl_router_admission_active / _queued, sgl_router_admission_rejected_total{reason}
     sgl_router_tokenizer_loaded                   1 once the workers' tokenizer is here
-    sgl_router_<stat>{policy, role}               every number of each policy's `stats()`, e.g.
-                                                  cache_hits, cache_misses, tree_size (role: the
-                                                  worker set, "worker", or "prefill" / "decode")
+    sgl_router_<stat>{policy[, role]}             every number of each policy's `stats()`, e.g.
+                                                  cache_hits, cache_misses, tree_size (PD mode adds
+                                                  role: the worker set, "prefill" or "decode")
 """
 
 from __future__ import annotations
@@ -71,13 +71,14 @@ class _Live:
         rejected.add_metric(["queue_timeout"], s["rejected_timeout"])
         yield rejected
         families: dict[str, GaugeMetricFamily] = {}
+        pd = any(p["role"] != "worker" for p in s["policies"])  # a role label only where there are roles
         for p in s["policies"]:
             for key, value in sorted(p["stats"].items()):
                 name = "sgl_router_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
                 g = families.get(name) or GaugeMetricFamily(name, f"routing policy statistic {key!r}",
-                                                            labels=["policy", "role"])
+                                                            labels=["policy", "role"] if pd else ["policy"])
                 families[name] = g
-                g.add_metric([p["policy"], p["role"]], float(value))
+                g.add_metric([p["policy"], p["role"]] if pd else [p["policy"]], float(value))
         yield from families.values()
 
 
