@@ -154,8 +154,8 @@ class FakePdWorker(JsonServer):
         try:
             if step.error_event:
                 chunk(b'data: {"error": {"message": "KV transfer failed", "code": 500}}\n\ndata: [DONE]\n\n')
-                chunk(b"")
                 self._done()
+                chunk(b"")
                 return
             for i in range(step.frames):
                 if step.break_after is not None and i == step.break_after:
@@ -165,12 +165,11 @@ class FakePdWorker(JsonServer):
                 if i == 0 and not self._held(h, step.pause, 0.0):
                     return
             chunk(b"data: [DONE]\n\n")
+            self._done()  # counted before the last chunk: whoever read the whole answer sees it counted
             chunk(b"")
         except OSError:
             with self.lock:
                 self.aborted += 1
-            return
-        self._done()
 
     def _held(self, h: BaseHTTPRequestHandler, event: threading.Event | None, secs: float,
               until: Callable[[], bool] | None = None) -> bool:
