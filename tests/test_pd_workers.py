@@ -15,6 +15,7 @@ tokens it transferred. Afterwards both workers hold no KV but their caches.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -26,7 +27,7 @@ from tests.test_server_router_compat import _router_dir
 
 pytestmark = [pytest.mark.server, pytest.mark.model]
 
-GREEDY = {"temperature": 0, "max_new_tokens": 12}
+GREEDY = {"temperature": 0, "max_new_tokens": 8}
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 
@@ -53,9 +54,12 @@ def post(url: str, path: str, body: dict) -> httpx.Response:
 
 
 def both(cluster, path: str, body: dict) -> tuple[dict, dict]:
-    """(colocated answer, answer through the PD router), both 200."""
-    c = post(cluster["c"].url, path, body)
-    r = post(cluster["router"].url, path, body)
+    """(colocated answer, answer through the PD router), both 200 (asked at once: they
+    run on different workers)."""
+    with ThreadPoolExecutor(2) as ex:
+        fc = ex.submit(post, cluster["c"].url, path, body)
+        fr = ex.submit(post, cluster["router"].url, path, body)
+        c, r = fc.result(), fr.result()
     assert c.status_code == 200, c.text
     assert r.status_code == 200, (r.text, cluster["router"].log())
     return c.json(), r.json()
@@ -103,7 +107,7 @@ def test_generate_plain_and_logprobs(cluster):
 
 
 def test_json_schema_and_n2(cluster):
-    body = {"text": "Give a person as JSON:", "sampling_params": {**GREEDY, "max_new_tokens": 16,
+    body = {"text": "Give a person as JSON:", "sampling_params": {**GREEDY, "max_new_tokens": 12,
                                                                   "json_schema": json.dumps(SCHEMA)}}
     c, r = both(cluster, "/generate", body)
     assert r["text"] == c["text"] and r["output_ids"] == c["output_ids"]
@@ -124,10 +128,16 @@ def _sse(url: str, path: str, body: dict) -> list[dict]:
     return [json.loads(ln[6:]) for ln in lines[:-1]]
 
 
+def _both_sse(cluster, path: str, body: dict) -> tuple[list[dict], list[dict]]:
+    with ThreadPoolExecutor(2) as ex:
+        fc = ex.submit(_sse, cluster["c"].url, path, body)
+        fr = ex.submit(_sse, cluster["router"].url, path, body)
+        return fc.result(), fr.result()
+
+
 def test_generate_stream_and_completions(cluster):
     body = {"text": "Count: one, two,", "sampling_params": GREEDY, "stream": True}
-    c = _sse(cluster["c"].url, "/generate", body)
-    r = _sse(cluster["router"].url, "/generate", body)
+    c, r = _both_sse(cluster, "/generate", body)
     assert r[-1]["text"] == c[-1]["text"] and r[-1]["output_ids"] == c[-1]["output_ids"]
     assert r[-1]["meta_info"]["kv_transfer_tokens"] > 0
     body = {"prompt": "The sky is", "max_tokens": 10, "temperature": 0, "model": "default"}
@@ -144,8 +154,7 @@ def test_chat_two_turns_second_hits_the_decode_cache(cluster):
     turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And another one?"}]
     before = server_info(cluster["d"])
     body = {"messages": turn2, "max_tokens": 8, "temperature": 0, "stream": True}
-    c = _sse(cluster["c"].url, "/v1/chat/completions", body)
-    r = _sse(cluster["router"].url, "/v1/chat/completions", body)
+    c, r = _both_sse(cluster, "/v1/chat/completions", body)
 
     def text(chunks: list[dict]) -> str:
         return "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
