@@ -18,10 +18,23 @@ from sgl.router.config import RouterConfig, add_cli_args, from_args
 
 GRACEFUL_SHUTDOWN_SECS = 10
 
+EPILOG = """PD (prefill/decode) disaggregation, as sglang-router spells it:
+
+  python -m sgl.launch_router --pd-disaggregation \\
+      --prefill http://10.0.0.1:30001 8998 --prefill http://10.0.0.2:30001 \\
+      --decode http://10.0.0.3:30002 --decode http://10.0.0.4:30002 \\
+      --prefill-policy cache_aware --decode-policy round_robin
+
+Each generation request goes to one prefill and one decode worker, the same body to both
+with bootstrap_host (the prefill URL's host), bootstrap_port (the number after its URL, or
+null) and a fresh random bootstrap_room added; the client gets the decode worker's answer.
+A pair that fails before any byte reached the client is retried with new rooms (the other
+side's request is closed), up to --retry-max-retries attempts."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sgl.launch_router", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cli_args(p)
     return p
 
@@ -54,8 +67,14 @@ def main(argv: list[str] | None = None) -> None:
     from sgl.router.app import create_app
 
     app = create_app(cfg)
-    logging.getLogger("sgl.router").info("router (%s) on http://%s:%d in front of %d worker(s)", cfg.policy,
-                                         cfg.host, cfg.port, len(cfg.worker_urls))
+    log = logging.getLogger("sgl.router")
+    if cfg.pd_disaggregation:
+        policies = cfg.role_policies()
+        log.info("router in PD mode on http://%s:%d: %d prefill (%s), %d decode (%s) worker(s)", cfg.host, cfg.port,
+                 len(cfg.prefill), policies["prefill"], len(cfg.decode), policies["decode"])
+    else:
+        log.info("router (%s) on http://%s:%d in front of %d worker(s)", cfg.policy, cfg.host, cfg.port,
+                 len(cfg.worker_urls))
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=level, access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS)
 

@@ -9,7 +9,10 @@ the Prometheus port is off unless given: /metrics is always on the main port).
     field `retry_max_retries` -> flag `--retry-max-retries`
 
 List fields take several values (`--worker-urls A B`); `selector` takes `key=value` pairs.
-Switches (`disable_*`, `service_discovery`) are `store_true` flags.
+Switches (`disable_*`, `service_discovery`, `pd_disaggregation`) are `store_true` flags.
+PD mode's worker lists are repeatable flags, as sglang-router spells them:
+`--prefill URL [BOOTSTRAP_PORT]` (a port number, `none`, or nothing: no port, the decode
+worker's own default is used) and `--decode URL`.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def _f(default: Any, help: str, group: str, choices: tuple[Any, ...] | None = No
     return field(default=default, metadata={"help": help, "group": group, "choices": choices})
 
 
-W, P, L, S, R, RT, CB, H, M, D = ("workers", "routing policy", "admission (rate limiting)", "service discovery",
-                                  "requests", "retries", "circuit breaker", "health checks", "metrics and logging",
-                                  "security")
+W, P, L, S, R, RT, CB, H, M, D, PD = ("workers", "routing policy", "admission (rate limiting)", "service discovery",
+                                      "requests", "retries", "circuit breaker", "health checks", "metrics and logging",
+                                      "security", "PD (prefill/decode) disaggregation")
+_POLICY_OR_NONE = (None, *POLICY_NAMES)
 
 
 @dataclass(frozen=True)
@@ -101,13 +105,38 @@ class RouterConfig:
     # security
     api_key: str | None = _f(None, "require 'Authorization: Bearer <key>' on every path but /health, and send "
                                    "the same key to the workers", D)
+    # PD disaggregation
+    pd_disaggregation: bool = _f(False, "PD mode: every generation request goes to a (prefill, decode) pair, the "
+                                        "same body to both with bootstrap_host/port/room added; the client gets "
+                                        "the decode worker's answer (needs --prefill and --decode, not "
+                                        "--worker-urls)", PD)
+    prefill: list[tuple[str, int | None]] = field(default_factory=list, metadata={
+        "help": "a prefill worker: --prefill URL [BOOTSTRAP_PORT]; repeat the flag for more. BOOTSTRAP_PORT is "
+                "the prefill's --disaggregation-bootstrap-port: a number, 'none' or omitted (null: the decode "
+                "worker uses its own --disaggregation-bootstrap-port). bootstrap_host is the URL's host, so it "
+                "must be an address the decode workers reach", "group": PD, "choices": None,
+        "cli": {"action": "append", "nargs": "+", "metavar": ("URL", "BOOTSTRAP_PORT")}})
+    decode: list[str] = field(default_factory=list, metadata={
+        "help": "a decode worker: --decode URL; repeat the flag for more", "group": PD, "choices": None,
+        "cli": {"action": "append", "nargs": "+", "metavar": "URL"}})
+    prefill_policy: str | None = _f(None, "policy over the prefill workers (default: --policy); cache_aware or "
+                                          "kv_aware keep a prompt's prefix where it was computed", PD,
+                                    _POLICY_OR_NONE)
+    decode_policy: str | None = _f(None, "policy over the decode workers (default: --policy); cache_aware keeps "
+                                         "a conversation on the decode worker that holds its earlier turns", PD,
+                                   _POLICY_OR_NONE)
+    pd_wait_for_prefill: bool = _f(False, "hold the decode worker's stream until the prefill worker's answer has "
+                                          "fully arrived, as sglang-router 0.3.2 does (default: pass it on from "
+                                          "its first chunk, which the decode worker can only send once the KV "
+                                          "has arrived)", PD)
 
     def resolved(self) -> "RouterConfig":
         """Validate; ValueError names the flag."""
         for f in dataclasses.fields(self):
             allowed, value = f.metadata.get("choices"), getattr(self, f.name)
             if allowed and value not in allowed:
-                raise ValueError(f"--{flag_name(f.name)} must be one of {', '.join(allowed)}; got {value!r}")
+                names = ", ".join(str(a) for a in allowed if a is not None)
+                raise ValueError(f"--{flag_name(f.name)} must be one of {names}; got {value!r}")
         positive = ("retry_max_retries", "cb_failure_threshold", "cb_success_threshold", "health_failure_threshold",
                     "health_success_threshold", "health_check_timeout_secs", "health_check_interval_secs",
                     "request_timeout_secs", "worker_startup_timeout_secs", "queue_timeout_secs",
@@ -129,8 +158,41 @@ class RouterConfig:
             raise ValueError("--service-discovery needs --selector key=value ...")
         if not self.health_check_endpoint.startswith("/"):
             raise ValueError("--health-check-endpoint must start with '/'")
+        prefill, decode = self._check_pd()
         return dataclasses.replace(self, worker_urls=[normalize_url(u) for u in self.worker_urls],
-                                   request_id_headers=[h.lower() for h in self.request_id_headers])
+                                   request_id_headers=[h.lower() for h in self.request_id_headers],
+                                   prefill=prefill, decode=decode)
+
+    def _check_pd(self) -> tuple[list[tuple[str, int | None]], list[str]]:
+        """PD mode's flags, checked; returns the normalized prefill and decode lists."""
+        if not self.pd_disaggregation:
+            for name in ("prefill", "decode", "prefill_policy", "decode_policy"):
+                if getattr(self, name):
+                    raise ValueError(f"--{flag_name(name)} needs --pd-disaggregation")
+            return [], []
+        if not self.prefill or not self.decode:
+            raise ValueError("--pd-disaggregation needs at least one --prefill URL and one --decode URL")
+        if self.worker_urls:
+            raise ValueError("--worker-urls is for regular mode; in PD mode list workers with --prefill and --decode")
+        if self.service_discovery:
+            raise ValueError("--service-discovery is not supported in PD mode; list workers with --prefill and "
+                             "--decode")
+        prefill = [(normalize_url(url), bootstrap_port(port, "--prefill")) for url, port in self.prefill]
+        decode = [normalize_url(u) for u in self.decode]
+        seen: set[str] = set()
+        for flag, url in [("--prefill", u) for u, _ in prefill] + [("--decode", u) for u in decode]:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{flag}: {url!r} must start with http:// or https://")
+            if url in seen:
+                raise ValueError(f"{flag}: {url} is listed twice (a worker has one role)")
+            seen.add(url)
+        return prefill, decode
+
+    def role_policies(self) -> dict[str, str]:
+        """The policy of each worker set: {"worker": --policy}, or PD mode's prefill and decode."""
+        if not self.pd_disaggregation:
+            return {"worker": self.policy}
+        return {"prefill": self.prefill_policy or self.policy, "decode": self.decode_policy or self.policy}
 
     @property
     def max_attempts(self) -> int:
@@ -146,6 +208,19 @@ class RouterConfig:
 
 def normalize_url(url: str) -> str:
     return url.strip().rstrip("/")
+
+
+def bootstrap_port(value: object, flag: str = "--prefill") -> int | None:
+    """A prefill's bootstrap port: a number in 1..65535, or None for 'none' / null / omitted."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+        return None
+    try:
+        port = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag}: bootstrap port {value!r} must be a number or 'none'") from None
+    if isinstance(value, bool) or not 1 <= port <= 65535:
+        raise ValueError(f"{flag}: bootstrap port {value!r} must be in 1..65535")
+    return port
 
 
 def flag_name(field_name: str) -> str:
@@ -168,6 +243,13 @@ def _parse_selector(items: list[str]) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"--selector: {item!r} is not key=value")
         out[key] = value
     return out
+
+
+def _parse_prefill(values: list[str]) -> tuple[str, int | None]:
+    if len(values) > 2:
+        raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT]; got {' '.join(values)!r} (repeat --prefill for "
+                         "each prefill worker)")
+    return values[0], bootstrap_port(values[1] if len(values) == 2 else None)
 
 
 def _cli_fields() -> list[tuple[type, dataclasses.Field[Any], str]]:
@@ -194,12 +276,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         shown = " ".join(default) if isinstance(default, list) else default
         help = f"{f.metadata['help']} (default: {shown if shown not in ('', {}, None) else 'none'})"
         flag = "--" + flag_name(f.name)
-        if t is bool:
+        custom = f.metadata.get("cli")
+        if isinstance(custom, dict):  # a repeatable flag (--prefill URL [PORT] --prefill URL ...)
+            group.add_argument(flag, dest=f.name, default=None, help=help, **custom)
+        elif t is bool:
             group.add_argument(flag, dest=f.name, action="store_true", default=None, help=help)
         elif typing.get_origin(t) in (list, dict):
             group.add_argument(flag, dest=f.name, nargs="*", default=None, metavar=f.name.upper(), help=help)
         else:
             allowed = f.metadata.get("choices")
+            allowed = tuple(a for a in allowed if a is not None) if allowed else None
             group.add_argument(flag, dest=f.name, type=t, default=None, choices=allowed, help=help,
                                metavar="{" + ",".join(allowed) + "}" if allowed else f.name.upper())
 
@@ -217,6 +303,10 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
                 v = _parse_selector(v)
             except argparse.ArgumentTypeError as e:
                 raise ValueError(str(e)) from None
+        elif f.name == "prefill":
+            v = [_parse_prefill(group) for group in v]
+        elif f.name == "decode":
+            v = [url for group in v for url in group]
         (policy_values if cls is PolicyOptions else values)[f.name] = v
     try:
         values["policy_options"] = PolicyOptions(**policy_values)

@@ -1,8 +1,9 @@
 """Worker health: the periodic checker, and the wait for a new worker's first good check.
 
 Every `--health-check-interval-secs` each worker's `--health-check-endpoint` is fetched
-(within `--health-check-timeout-secs`); `--health-failure-threshold` failures in a row
-take it out of rotation, `--health-success-threshold` passes in a row bring it back.
+(within `--health-check-timeout-secs`), in every worker set (PD mode: prefill and decode);
+`--health-failure-threshold` failures in a row take it out of rotation,
+`--health-success-threshold` passes in a row bring it back.
 Besides the timer, the request path calls `probe_soon(url)` when a request to a worker
 failed to connect, so a dead worker leaves rotation without waiting for the next tick.
 """
@@ -15,7 +16,7 @@ import time
 
 import httpx
 
-from sgl.router.registry import Registry, Worker
+from sgl.router.registry import Fleet, Worker
 
 logger = logging.getLogger("sgl.router")
 
@@ -42,7 +43,7 @@ async def wait_healthy(client: httpx.AsyncClient, url: str, endpoint: str, timeo
 
 
 class HealthChecker:
-    def __init__(self, registry: Registry, client: httpx.AsyncClient, *, endpoint: str, timeout: float,
+    def __init__(self, registry: Fleet, client: httpx.AsyncClient, *, endpoint: str, timeout: float,
                  interval: float, failure_threshold: int, success_threshold: int,
                  headers: dict[str, str] | None = None) -> None:
         self.registry = registry

@@ -5,6 +5,12 @@ Counted as requests pass:
     sgl_router_request_duration_seconds{route}    time to the full answer (streams: to the last byte)
     sgl_router_retries_total{route}               attempts beyond the first
     sgl_router_worker_requests_total{worker, outcome}   attempts per worker (ok / error)
+    sgl_router_pd_requests_total{prefill, decode, outcome}   PD mode: attempts per pair (ok, error:
+                                                  failed and retried or answered as an error,
+                                                  client_error: a 4xx passed on, abandoned)
+    sgl_router_pd_failures_total{side, reason}    PD mode: failed calls by side (prefill / decode)
+                                                  and kind (connection, timeout, status, read,
+                                                  error_event, stream)
 Read at scrape time from the live objects:
     sgl_router_worker_in_flight{worker}           requests outstanding on each worker
     sgl_router_worker_healthy{worker}             1 in rotation by health checks, else 0
@@ -12,8 +18,9 @@ Read at scrape time from the live objects:
     sgl_router_healthy_workers / sgl_router_workers
     sgl_router_admission_active / _queued, sgl_router_admission_rejected_total{reason}
     sgl_router_tokenizer_loaded                   1 once the workers' tokenizer is here
-    sgl_router_<stat>{policy}                     every number of `policy.stats()`, e.g.
-                                                  cache_hits, cache_misses, tree_size
+    sgl_router_<stat>{policy[, role]}             every number of each policy's `stats()`, e.g.
+                                                  cache_hits, cache_misses, tree_size (PD mode adds
+                                                  role: the worker set, "prefill" or "decode")
 """
 
 from __future__ import annotations
@@ -63,11 +70,16 @@ class _Live:
         rejected.add_metric(["queue_full"], s["rejected_full"])
         rejected.add_metric(["queue_timeout"], s["rejected_timeout"])
         yield rejected
-        for key, value in sorted(s["policy_stats"].items()):
-            name = "sgl_router_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
-            g = GaugeMetricFamily(name, f"routing policy statistic {key!r}", labels=["policy"])
-            g.add_metric([s["policy"]], float(value))
-            yield g
+        families: dict[str, GaugeMetricFamily] = {}
+        pd = any(p["role"] != "worker" for p in s["policies"])  # a role label only where there are roles
+        for p in s["policies"]:
+            for key, value in sorted(p["stats"].items()):
+                name = "sgl_router_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+                g = families.get(name) or GaugeMetricFamily(name, f"routing policy statistic {key!r}",
+                                                            labels=["policy", "role"] if pd else ["policy"])
+                families[name] = g
+                g.add_metric([p["policy"], p["role"]] if pd else [p["policy"]], float(value))
+        yield from families.values()
 
 
 class RouterMetrics:
@@ -80,6 +92,10 @@ class RouterMetrics:
         self.retries = Counter("sgl_router_retries", "attempts beyond the first", ["route"], registry=self.registry)
         self.worker_requests = Counter("sgl_router_worker_requests", "attempts per worker", ["worker", "outcome"],
                                        registry=self.registry)
+        self.pd_requests = Counter("sgl_router_pd_requests", "PD mode: attempts per (prefill, decode) pair",
+                                   ["prefill", "decode", "outcome"], registry=self.registry)
+        self.pd_failures = Counter("sgl_router_pd_failures", "PD mode: failed calls by side and kind",
+                                   ["side", "reason"], registry=self.registry)
         self.registry.register(_Live(snapshot))  # type: ignore[arg-type]
 
     def observe(self, route: str, status: int, seconds: float) -> None:

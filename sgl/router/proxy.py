@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,7 @@ class Forward:
     headers: dict[str, str]
     stream: bool = False
     route_req: RouteRequest | None = None  # set for generation routes: the policy chooses
+    json: dict[str, Any] | None = None  # the parsed body (PD mode adds the bootstrap fields to it)
     on_finish: Callable[[], None] | None = None  # runs once, when the answer has fully left
 
 
@@ -99,25 +100,35 @@ class Proxy:
         self.timeout = timeout
 
     def _choose(self, fwd: Forward, tried: list[str]) -> Worker:
-        cands = self.registry.candidates(exclude=tried)
+        return self.pick(self.registry, self.policy, fwd.route_req, tried)
+
+    def pick(self, registry: Registry, policy: Policy, route_req: RouteRequest | None, tried: list[str]) -> Worker:
+        """A worker of `registry` for the request (its `policy` decides when `route_req` is
+        given, else the least loaded), preferring those not in `tried`; NoWorkers if none."""
+        cands = registry.candidates(exclude=tried)
         if not cands:
-            n = len(self.registry.all())
-            raise NoWorkers("no workers registered" if n == 0 else
-                            f"none of the {n} worker(s) is healthy (health checks or circuit breaker)")
+            n = len(registry.all())
+            what = "" if registry.role == "worker" else f" {registry.role}"
+            raise NoWorkers(f"no{what} workers registered" if n == 0 else
+                            f"none of the {n}{what} worker(s) is healthy (health checks or circuit breaker)")
         least_loaded = min(cands, key=lambda w: w.state.in_flight)
-        if fwd.route_req is None:
+        if route_req is None:
             return least_loaded
         # Asked even with one candidate: a policy's trees, pending pages and counts follow what
         # it routed, and on_done is called for every attempt.
         try:
-            chosen = self.policy.select(fwd.route_req, [w.state for w in cands])
+            chosen = policy.select(route_req, [w.state for w in cands])
         except Exception:  # a policy bug must not fail the request
-            logger.exception("policy %s failed to select; routing to the least-loaded worker", self.policy.name)
+            logger.exception("policy %s failed to select; routing to the least-loaded worker", policy.name)
             return least_loaded
-        w = self.registry.get(chosen.url)
+        w = registry.get(chosen.url)
         return w if w is not None and w in cands else least_loaded
 
     def _done(self, fwd: Forward, w: Worker, ok: bool | None, error: str | None = None) -> None:
+        self.settle(fwd.route_req, self.policy, w, ok, error)
+
+    def settle(self, route_req: RouteRequest | None, policy: Policy, w: Worker, ok: bool | None,
+               error: str | None = None) -> None:
         """Settle one attempt on `w`; ok None: abandoned by the client (no verdict on the worker)."""
         w.state.in_flight -= 1
         w.requests_total += 1
@@ -129,9 +140,9 @@ class Proxy:
             w.failures_total += 1
             w.last_error = error or w.last_error
         self.metrics.worker_requests.labels(w.url, {True: "ok", False: "error", None: "abandoned"}[ok]).inc()
-        if fwd.route_req is not None:
+        if route_req is not None:
             try:
-                self.policy.on_done(fwd.route_req, w.state, ok is not False)
+                policy.on_done(route_req, w.state, ok is not False)
             except Exception:  # a policy bug must not fail the request
                 logger.exception("policy.on_done failed")
 
@@ -150,25 +161,28 @@ class Proxy:
                 try:
                     w = self._choose(fwd, tried)
                 except NoWorkers as e:
-                    return self._final(fwd, t0, error_response(503, f"{e}; last error: {last}" if tried else str(e)))
+                    msg = f"{e}; last error: {last}" if tried else str(e)
+                    return self.final_answer(fwd, t0, error_response(503, msg))
                 tried.append(w.url)
                 out = await self._attempt(fwd, w, t0, final=attempt + 1 == self.retry.max_attempts)
                 if isinstance(out, str):
                     last = f"{w.url}: {out}"
                     continue
-                if isinstance(out, _Passthrough):
+                if isinstance(out, Passthrough):
                     finish_here = False  # the stream calls on_finish when it ends
                     return out
-                return self._final(fwd, t0, out)
-            return self._final(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
+                return self.final_answer(fwd, t0, out)
+            return self.final_answer(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
         finally:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
 
-    async def forward_watching(self, fwd: Forward, receive: Receive) -> Response:
-        """`forward`, cancelled if the client disconnects while waiting for the answer (or, for
-        a stream, for its first chunk: the prefill); once a stream flows, `_Passthrough` watches."""
-        task = asyncio.ensure_future(self.forward(fwd))
+    async def forward_watching(self, fwd: Forward, receive: Receive,
+                               forward: Callable[[Forward], Awaitable[Response]] | None = None) -> Response:
+        """`forward` (default: this proxy's), cancelled if the client disconnects while waiting
+        for the answer (or, for a stream, for its first chunk: the prefill); once a stream
+        flows, `Passthrough` watches."""
+        task = asyncio.ensure_future((forward or self.forward)(fwd))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -195,7 +209,7 @@ class Proxy:
                 settled = True
                 return self._failed(fwd, w, e, "")
             if retryable_status(resp.status) and not final:
-                body = await _read_quietly(resp)
+                body = await read_quietly(resp)
                 settled = True
                 self._done(fwd, w, resp.status < 500, f"answered {resp.status}")
                 return f"answered {resp.status}: {body[:200].decode(errors='replace')}"
@@ -205,7 +219,7 @@ class Proxy:
                     # for that frame here, so a worker that dies in between is still retried.
                     first = await resp.content.readany()
                     settled = True  # the passthrough settles it when the stream ends
-                    return _Passthrough(resp, fwd, first, lambda end, err: self._stream_done(fwd, w, t0, end, err))
+                    return Passthrough(resp, fwd, first, lambda end, err: self._stream_done(fwd, w, t0, end, err))
                 body = await resp.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 resp.close()
@@ -214,7 +228,7 @@ class Proxy:
             resp.release()
             settled = True
             self._done(fwd, w, resp.status < 500)
-            return Response(body, resp.status, _answer_headers(resp, fwd))
+            return Response(body, resp.status, answer_headers(resp, fwd))
         finally:
             if not settled:  # cancelled: the client left, which is not the worker's failure
                 if resp is not None:
@@ -222,14 +236,14 @@ class Proxy:
                 self._done(fwd, w, None)
 
     def _failed(self, fwd: Forward, w: Worker, e: BaseException, where: str) -> str:
-        msg = _describe(e) + where
+        msg = describe_error(e) + where
         self._done(fwd, w, False, msg)
         if not isinstance(e, asyncio.TimeoutError):  # refused, reset, closed: is the worker gone?
             self.on_connect_error(w.url)
         logger.info("request to %s failed before its answer reached the client: %s", w.url, msg)
         return msg
 
-    def _final(self, fwd: Forward, t0: float, resp: Response) -> Response:
+    def final_answer(self, fwd: Forward, t0: float, resp: Response) -> Response:
         self.metrics.observe(fwd.route, resp.status_code, time.perf_counter() - t0)
         return resp
 
@@ -241,26 +255,29 @@ class Proxy:
         if fwd.on_finish is not None:
             fwd.on_finish()
 
-    async def fan_out(self, method: str, path: str, headers: dict[str, str]) -> list[tuple[str, int, Any]]:
-        """The same call to every worker at once: (url, status or 0, parsed body or error text)."""
+    async def fan_out(self, method: str, path: str, headers: dict[str, str],
+                      workers: list[Worker] | None = None) -> list[tuple[str, int, Any]]:
+        """The same call to every worker (of `workers`, default the registry) at once:
+        (url, status or 0, parsed body or error text)."""
         async def one(w: Worker) -> tuple[str, int, Any]:
             try:
                 r = await self.client.request(method, w.url + path, headers=headers, timeout=self.timeout)
             except httpx.HTTPError as e:
-                return w.url, 0, _describe(e)
+                return w.url, 0, describe_error(e)
             try:
                 return w.url, r.status_code, r.json()
             except ValueError:
                 return w.url, r.status_code, r.text
 
-        return list(await asyncio.gather(*(one(w) for w in self.registry.all())))
+        targets = self.registry.all() if workers is None else workers
+        return list(await asyncio.gather(*(one(w) for w in targets)))
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
+async def read_quietly(resp: aiohttp.ClientResponse) -> bytes:
     try:
         return await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -269,7 +286,7 @@ async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
         resp.release()
 
 
-def _answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str]:
+def answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str]:
     out = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
     rid = fwd.headers.get("x-request-id")  # the client's id wins over one the worker made up
     if rid:
@@ -277,7 +294,7 @@ def _answer_headers(resp: aiohttp.ClientResponse, fwd: Forward) -> dict[str, str
     return out
 
 
-class _Passthrough(Response):
+class Passthrough(Response):
     """Streams the worker's bytes to the client as they arrive (no buffering, no parsing).
 
     Ends with an SSE error event + `data: [DONE]` if the worker's stream breaks, and closes
@@ -291,7 +308,7 @@ class _Passthrough(Response):
         self.done = done
         self.status_code = upstream.status
         self.background = None
-        self.init_headers(_answer_headers(upstream, fwd))
+        self.init_headers(answer_headers(upstream, fwd))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: list[Any] = [CLIENT_CLOSED, None]
@@ -321,7 +338,7 @@ class _Passthrough(Response):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             outcome[:] = [OK, None]
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            msg = f"worker stream failed: {_describe(e)}"
+            msg = f"worker stream failed: {describe_error(e)}"
             logger.warning("%s (%s)", msg, self.upstream.url)
             outcome[:] = [FAILED, msg]
             # Finish a frame cut in half, so the error event parses as its own frame.

@@ -4,11 +4,16 @@
                                                              the concurrency limit, retried
     GET  /v1/models, /get_model_info, /health_generate      from one healthy worker
     GET  /get_server_info   the first worker's info, plus "router" (options) and "workers"
-                            (each worker's url, state and info)
+                            (each worker's url, role, state and info)
     POST /flush_cache       to every worker; 200 only when all flushed
     GET  /health            200 while at least one worker is in rotation, else 503
     GET  /workers, /list_workers; POST /add_worker?url=, /remove_worker?url=
     GET  /metrics           Prometheus text (sgl_router_*)
+
+PD mode (`--pd-disaggregation`): generation routes go to a (prefill, decode) pair (pd_proxy.py);
+/health needs a prefill and a decode worker in rotation; /health_generate sends a 1-token
+/generate through a pair; /get_server_info, /flush_cache and /workers cover both sets;
+/add_worker takes `worker_type=prefill|decode` (and `bootstrap_port=` for a prefill).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sgl.router.admission import Rejected
+from sgl.router.config import bootstrap_port
+from sgl.router.policies.base import RouteRequest
 from sgl.router.state import Router, __version__
 from sgl.router.metrics import CONTENT_TYPE
 from sgl.router.proxy import Forward, error_response, read_json
@@ -65,8 +72,9 @@ async def _generation(request: Request, endpoint: str) -> Response:
         return error_response(e.status, e.message)
     assert router.proxy is not None
     fwd = Forward("POST", endpoint, endpoint, raw, headers, stream=bool(body.get("stream")), route_req=route_req,
-                  on_finish=router.admission.release)
-    return await router.proxy.forward_watching(fwd, request.receive)
+                  json=body if router.pd else None, on_finish=router.admission.release)
+    return await router.proxy.forward_watching(fwd, request.receive,
+                                               router.pd_proxy.forward if router.pd_proxy is not None else None)
 
 
 async def generate(request: Request) -> Response:
@@ -97,31 +105,51 @@ async def model_info(request: Request) -> Response:
     return await _from_one(request, "/get_model_info")
 
 
+# PD mode's /health_generate: one token through a (prefill, decode) pair, the whole path.
+_PD_PROBE_TEXT = "Hi"
+_PD_PROBE: dict[str, Any] = {"text": _PD_PROBE_TEXT, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+
+
 async def health_generate(request: Request) -> Response:
-    return await _from_one(request, "/health_generate")
+    router = _router(request)
+    if not router.pd:
+        return await _from_one(request, "/health_generate")
+    assert router.pd_proxy is not None
+    headers, _ = _headers(router, request)
+    fwd = Forward("POST", "/generate", "/health_generate", None, headers,
+                  route_req=RouteRequest("/generate", _PD_PROBE_TEXT), json=dict(_PD_PROBE))
+    resp = await router.pd_proxy.forward(fwd)
+    if resp.status_code != 200:
+        return resp
+    return PlainTextResponse("OK: a (prefill, decode) pair generated a token\n")
 
 
 async def server_info(request: Request) -> Response:
     router = _router(request)
     assert router.proxy is not None
     headers, _ = _headers(router, request)
-    results = await router.proxy.fan_out("GET", "/get_server_info", headers)
+    results = await router.proxy.fan_out("GET", "/get_server_info", headers, router.fleet.all())
     infos = {url: body for url, status, body in results if status == 200 and isinstance(body, dict)}
     workers = []
-    for w in router.registry.all():
+    for w in router.fleet.all():
         workers.append({**w.describe(), "server_info": infos.get(w.url)})
-    first = next((infos[w.url] for w in router.registry.all() if w.url in infos), {})
+    first = next((infos[w.url] for w in router.fleet.all() if w.url in infos), {})
     out = {**first, "router": {"version": __version__, "policy": router.policy.name, "config": router.cfg.public(),
+                               "mode": "pd" if router.pd else "regular", "policies": _policies(router),
                                "chat_routing": "template" if router.tokenizer is not None else "contents"},
            "workers": workers}
     return JSONResponse(out)
+
+
+def _policies(router: Router) -> dict[str, str]:
+    return {r.role: r.policy.name for r in router.fleet.sets}
 
 
 async def flush_cache(request: Request) -> Response:
     router = _router(request)
     assert router.proxy is not None
     headers, _ = _headers(router, request)
-    results = await router.proxy.fan_out("POST", "/flush_cache", headers)
+    results = await router.proxy.fan_out("POST", "/flush_cache", headers, router.fleet.all())
     failed = [{"url": u, "status": s, "detail": b} for u, s, b in results if s != 200]
     if not results:
         return error_response(503, "no workers registered")
@@ -132,22 +160,32 @@ async def flush_cache(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     router = _router(request)
-    n = sum(1 for w in router.registry.all() if w.available())
-    if n == 0:
-        return JSONResponse({"status": "unavailable", "healthy_workers": 0,
-                             "message": "no healthy workers"}, status_code=503)
-    return JSONResponse({"status": "ok", "healthy_workers": n})
+    by_role = router.fleet.available_by_role()
+    n = sum(by_role.values())
+    if not router.pd:
+        if n == 0:
+            return JSONResponse({"status": "unavailable", "healthy_workers": 0,
+                                 "message": "no healthy workers"}, status_code=503)
+        return JSONResponse({"status": "ok", "healthy_workers": n})
+    out = {"healthy_workers": n, "healthy_prefill": by_role["prefill"], "healthy_decode": by_role["decode"]}
+    missing = [role for role, k in by_role.items() if k == 0]
+    if missing:  # a pair needs both: sglang-router's /health said OK with only decode up (its #33740)
+        return JSONResponse({"status": "unavailable", **out,
+                             "message": f"no healthy {' or '.join(missing)} workers"}, status_code=503)
+    return JSONResponse({"status": "ok", **out})
 
 
 async def workers(request: Request) -> Response:
     router = _router(request)
-    ws = [w.describe() for w in router.registry.all()]
-    return JSONResponse({"workers": ws, "healthy": [w["url"] for w in ws if w["healthy"]],
-                         "policy": router.policy.name})
+    ws = [w.describe() for w in router.fleet.all()]
+    out = {"workers": ws, "healthy": [w["url"] for w in ws if w["healthy"]], "policy": router.policy.name}
+    if router.pd:
+        out["policies"] = _policies(router)
+    return JSONResponse(out)
 
 
 async def list_workers(request: Request) -> Response:
-    return JSONResponse({"urls": [w.url for w in _router(request).registry.all()]})
+    return JSONResponse({"urls": [w.url for w in _router(request).fleet.all()]})
 
 
 def _url_param(request: Request) -> str | None:
@@ -160,9 +198,19 @@ async def add_worker(request: Request) -> Response:
     url = _url_param(request)
     if url is None:
         return error_response(400, "query parameter url must be a worker URL (http://host:port)", param="url")
-    if router.registry.get(url.rstrip("/")) is not None:
+    if router.fleet.get(url.rstrip("/")) is not None:
         return error_response(400, f"worker {url} is already registered", param="url")
-    w, err = await router.add_worker(url)
+    role = request.query_params.get("worker_type") or "worker"
+    if role == "regular":
+        role = "worker"
+    try:
+        port = bootstrap_port(request.query_params.get("bootstrap_port"), "bootstrap_port")
+        if port is not None and role != "prefill":
+            raise ValueError("bootstrap_port is for a prefill worker (worker_type=prefill)")
+        w, err = await router.add_worker(url, role, port)
+    except ValueError as e:
+        param = "bootstrap_port" if "bootstrap_port" in str(e) else "worker_type"
+        return error_response(400, str(e), param=param)
     if w is None:
         return error_response(503, f"worker {url} did not pass a health check within "
                                    f"{router.cfg.worker_startup_timeout_secs:g}s: {err}", param="url")

@@ -1,8 +1,14 @@
 """The router's state and lifecycle: `Router` owns the workers, the policy, the HTTP
 clients, health checks, admission, metrics, the chat tokenizer and service discovery.
 
-Startup: the policy starts, every `--worker-urls` worker is registered out of rotation and
-joins it at its first good health check; the router serves as soon as one has (the rest
+Workers come in sets (`Registry`), each with its own policy instance: one set in regular
+mode; in PD mode (`--pd-disaggregation`) a prefill set and a decode set, and the request
+path is `PdProxy` (pd_proxy.py). Everything else (health checks, circuit breakers,
+retries, admission, metrics) is the same code over every set (`Fleet`).
+
+Startup: the policies start, every `--worker-urls` (PD: `--prefill`, `--decode`) worker is
+registered out of rotation and joins it at its first good health check; the router serves as
+soon as one has in every set (the rest
 join in the background; one that does not pass within `--worker-startup-timeout-secs`
 stays out until the periodic checks bring it in). Then health checks, service discovery
 and the optional Prometheus listener start, and the chat tokenizer is fetched from a
@@ -27,10 +33,11 @@ from sgl.router.circuit import STATE_CODE, CircuitOptions
 from sgl.router.config import RouterConfig, normalize_url
 from sgl.router.health import HealthChecker, wait_healthy
 from sgl.router.metrics import RouterMetrics
+from sgl.router.pd_proxy import PdProxy
 from sgl.router.policies import PolicyOptions, make_policy
 from sgl.router.policies.base import Policy
 from sgl.router.proxy import Proxy
-from sgl.router.registry import Registry, Worker
+from sgl.router.registry import Fleet, Registry, Worker
 from sgl.router.retry import RetryOptions
 
 logger = logging.getLogger("sgl.router")
@@ -52,14 +59,26 @@ def policy_options(cfg: RouterConfig) -> PolicyOptions:
     return dataclasses.replace(cfg.policy_options, worker_headers=tuple(worker_headers(cfg).items()))
 
 
+def _wants_token_ids(policy: Policy) -> bool:
+    return bool(getattr(policy, "wants_token_ids", policy.name == "kv_aware"))
+
+
 class Router:
     def __init__(self, cfg: RouterConfig, policy: Policy | None = None) -> None:
+        """`policy`, if given, replaces the configured one (of the prefill set in PD mode)."""
         self.cfg = cfg
-        self.policy = policy or make_policy(cfg.policy, policy_options(cfg))
-        self.wants_token_ids = bool(getattr(self.policy, "wants_token_ids", cfg.policy == "kv_aware"))
-        self.registry = Registry(self.policy, CircuitOptions(
-            cfg.cb_failure_threshold, cfg.cb_success_threshold, cfg.cb_timeout_duration_secs,
-            cfg.cb_window_duration_secs, enabled=not cfg.disable_circuit_breaker))
+        circuit = CircuitOptions(cfg.cb_failure_threshold, cfg.cb_success_threshold, cfg.cb_timeout_duration_secs,
+                                 cfg.cb_window_duration_secs, enabled=not cfg.disable_circuit_breaker)
+        sets = []
+        for i, (role, name) in enumerate(cfg.role_policies().items()):
+            chosen = policy if policy is not None and i == 0 else make_policy(name, policy_options(cfg))
+            sets.append(Registry(chosen, circuit, role))
+        self.fleet = Fleet(sets)
+        self.pd = cfg.pd_disaggregation
+        # The first set: the only one, or PD mode's prefill set (where control calls go).
+        self.registry = sets[0]
+        self.policy = self.registry.policy
+        self.wants_token_ids = any(_wants_token_ids(r.policy) for r in sets)
         self.admission = Admission(cfg.max_concurrent_requests, cfg.queue_size, cfg.queue_timeout_secs)
         self.metrics = RouterMetrics(self.snapshot)
         self.worker_headers = worker_headers(cfg)
@@ -71,6 +90,7 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.proxy: Proxy | None = None
+        self.pd_proxy: PdProxy | None = None  # PD mode's generation path
         self._discovery: Any = None
         self._metrics_server: Any = None
 
@@ -80,7 +100,7 @@ class Router:
         cfg = self.cfg
         # Control calls (health, fan-out, tokenizer); they carry the workers' key, if any.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout_secs), headers=self.worker_headers)
-        self.health = HealthChecker(self.registry, self.client, endpoint=cfg.health_check_endpoint,
+        self.health = HealthChecker(self.fleet, self.client, endpoint=cfg.health_check_endpoint,
                                     timeout=cfg.health_check_timeout_secs, interval=cfg.health_check_interval_secs,
                                     failure_threshold=cfg.health_failure_threshold,
                                     success_threshold=cfg.health_success_threshold, headers=self.worker_headers)
@@ -91,11 +111,17 @@ class Router:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_secs,
                                           sock_read=cfg.request_timeout_secs),
             auto_decompress=False)
-        self.proxy = Proxy(self.registry, self.policy, self.session, self.client,
-                           RetryOptions(cfg.max_attempts, cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms,
-                                        cfg.retry_backoff_multiplier, cfg.retry_jitter_factor),
-                           self.metrics, self._on_connect_error, cfg.request_timeout_secs)
-        await self.policy.start()
+        retry = RetryOptions(cfg.max_attempts, cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms,
+                             cfg.retry_backoff_multiplier, cfg.retry_jitter_factor)
+        # Control calls go to self.registry's workers: PD mode's prefill set.
+        self.proxy = Proxy(self.registry, self.policy, self.session, self.client, retry, self.metrics,
+                           self._on_connect_error, cfg.request_timeout_secs)
+        if self.pd:
+            prefill, decode = self.fleet.role("prefill"), self.fleet.role("decode")
+            assert prefill is not None and decode is not None
+            self.pd_proxy = PdProxy(self.proxy, prefill, decode, cfg.pd_wait_for_prefill)
+        for r in self.fleet.sets:
+            await r.policy.start()
         await self._add_startup_workers()
         if not cfg.disable_health_check:
             self.health.start()
@@ -116,8 +142,11 @@ class Router:
         for t in list(self._bg):
             t.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self.policy.stop()
+        if self.pd_proxy is not None:
+            await self.pd_proxy.close()
+        for r in self.fleet.sets:
+            with contextlib.suppress(Exception):
+                await r.policy.stop()
         if self.client is not None:
             await self.client.aclose()
         if self.session is not None:
@@ -134,25 +163,36 @@ class Router:
 
     # ---- workers --------------------------------------------------------------------------
 
+    def _startup_workers(self) -> list[tuple[Registry, str, int | None]]:
+        """(set, url, bootstrap port) of every worker listed on the command line."""
+        if not self.pd:
+            return [(self.registry, url, None) for url in self.cfg.worker_urls]
+        prefill, decode = self.fleet.role("prefill"), self.fleet.role("decode")
+        assert prefill is not None and decode is not None
+        return ([(prefill, url, port) for url, port in self.cfg.prefill]
+                + [(decode, url, None) for url in self.cfg.decode])
+
     async def _add_startup_workers(self) -> None:
-        """Register every --worker-urls worker out of rotation, and return as soon as one of them
-        passes its first health check (or all have had their --worker-startup-timeout-secs): the
-        router serves from then on, and the others join when they pass. A worker that never
-        passes stays registered out of rotation; the periodic checks can bring it in."""
+        """Register every listed worker out of rotation, and return as soon as one of them
+        in every set (PD mode: a prefill and a decode) passed its first health check, or all
+        have had their --worker-startup-timeout-secs: the router serves from then on, and the
+        others join when they pass. A worker that never passes stays registered out of
+        rotation; the periodic checks can bring it in."""
+        listed = self._startup_workers()
         if self.cfg.disable_health_check:
-            for url in self.cfg.worker_urls:
-                self.registry.add(url, healthy=True)
+            for reg, url, port in listed:
+                reg.add(url, healthy=True, bootstrap_port=port)
             return
-        joins = [asyncio.get_running_loop().create_task(self._join(self.registry.add(url, healthy=False)))
-                 for url in self.cfg.worker_urls if url not in self.registry]
+        joins = {asyncio.get_running_loop().create_task(self._join(reg.add(url, healthy=False, bootstrap_port=port))):
+                 reg.role for reg, url, port in listed if url not in self.fleet}
         for t in joins:
             self._bg.add(t)
             t.add_done_callback(self._bg.discard)
+        waiting_for = {r.role for r in self.fleet.sets}
         pending = set(joins)
-        while pending:
+        while pending and waiting_for:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if any(not t.cancelled() and t.result() for t in done):
-                return
+            waiting_for -= {joins[t] for t in done if not t.cancelled() and t.result()}
 
     async def _join(self, w: Worker) -> bool:
         """Bring a registered, out-of-rotation startup worker in at its first good check."""
@@ -160,7 +200,7 @@ class Router:
         err = await wait_healthy(self.client, w.url, self.cfg.health_check_endpoint,
                                  self.cfg.health_check_timeout_secs, self.cfg.worker_startup_timeout_secs,
                                  self.worker_headers)
-        if self.registry.get(w.url) is not w:
+        if self.fleet.get(w.url) is not w:
             return False  # removed meanwhile
         if err is not None:
             w.last_error = err
@@ -173,28 +213,36 @@ class Router:
         self.wake_tokenizer()
         return True
 
-    async def add_worker(self, url: str) -> tuple[Worker | None, str | None]:
+    async def add_worker(self, url: str, role: str = "worker",
+                         bootstrap_port: int | None = None) -> tuple[Worker | None, str | None]:
         """Wait for `url`'s first good health check (none with --disable-health-check), then
-        put it in rotation; a worker that does not pass is not registered, and the reason is
-        returned (POST /add_worker, service discovery)."""
+        put it in rotation in the `role` set ("worker"; PD mode: "prefill" or "decode"); a
+        worker that does not pass is not registered, and the reason is returned (POST
+        /add_worker, service discovery). ValueError for a role this mode has not."""
         assert self.client is not None
         url = normalize_url(url)
-        if url in self.registry:
-            return self.registry.get(url), None
+        reg = self.fleet.role(role)
+        if reg is None:
+            if not self.pd:
+                raise ValueError(f"worker_type {role!r} needs a router in PD mode (--pd-disaggregation)")
+            raise ValueError(f"worker_type must be prefill or decode in PD mode; got {role!r}")
+        if url in self.fleet:
+            return self.fleet.get(url), None
         err = None if self.cfg.disable_health_check else await wait_healthy(
             self.client, url, self.cfg.health_check_endpoint, self.cfg.health_check_timeout_secs,
             self.cfg.worker_startup_timeout_secs, self.worker_headers)
         if err is not None:
             return None, err
-        if url in self.registry:  # added concurrently
-            return self.registry.get(url), None
-        w = self.registry.add(url, healthy=True)
-        logger.info("worker %s added", url)
+        if url in self.fleet:  # added concurrently
+            return self.fleet.get(url), None
+        w = reg.add(url, healthy=True, bootstrap_port=bootstrap_port)
+        logger.info("%s %s added", "worker" if role == "worker" else role + " worker", url)
         self.wake_tokenizer()
         return w, None
 
     def remove_worker(self, url: str) -> Worker | None:
-        w = self.registry.remove(normalize_url(url))
+        reg = self.fleet.owner(normalize_url(url))
+        w = reg.remove(normalize_url(url)) if reg is not None else None
         if w is not None:
             logger.info("worker %s removed (%d request(s) still finishing on it)", w.url, w.state.in_flight)
         return w
@@ -245,7 +293,7 @@ class Router:
             self._fetching_tokenizer = False
 
     async def _fetch_tokenizer(self, fetch_tokenizer: Any) -> None:
-        for w in self.registry.healthy():
+        for w in self.fleet.healthy():
             try:
                 tok = await _maybe_await(fetch_tokenizer(self.client, w.url))
             except Exception:  # a worker without /get_tokenizer: try the next
@@ -282,15 +330,18 @@ class Router:
     # ---- views ----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        try:
-            stats = self.policy.stats()
-        except Exception:  # metrics must render even if a policy's stats fail
-            logger.exception("policy.stats failed")
-            stats = {}
-        return {"workers": [dict(w.describe(), circuit_code=STATE_CODE[w.circuit.state]) for w in self.registry.all()],
+        policies = []
+        for r in self.fleet.sets:
+            try:
+                stats = r.policy.stats()
+            except Exception:  # metrics must render even if a policy's stats fail
+                logger.exception("policy.stats failed")
+                stats = {}
+            policies.append({"role": r.role, "policy": r.policy.name, "stats": stats})
+        return {"workers": [dict(w.describe(), circuit_code=STATE_CODE[w.circuit.state]) for w in self.fleet.all()],
                 "admission_active": self.admission.active, "admission_queued": self.admission.waiting,
                 "rejected_full": self.admission.rejected_full, "rejected_timeout": self.admission.rejected_timeout,
-                "policy": self.policy.name, "policy_stats": stats, "tokenizer_loaded": self.tokenizer is not None}
+                "policies": policies, "tokenizer_loaded": self.tokenizer is not None}
 
 
 async def _maybe_await(x: Any) -> Any:
