@@ -25,7 +25,7 @@ from tests.pd_procs import (assert_kv_free, decode_flags, kill_group, prefill_fl
                             start_pd_workers, wait_until, worker_call)
 from tests.server_proc import free_port, start_server
 
-pytestmark = [pytest.mark.server, pytest.mark.model]
+pytestmark = [pytest.mark.server, pytest.mark.model, pytest.mark.slow]
 
 DECODE_TIMEOUT = 5  # seconds the decode waits for KV; the prefill keeps the default (300)
 PROMPT = "The three primary colors are"

@@ -27,7 +27,7 @@ from tests.pd_procs import (assert_kv_free, decode_flags, kill_group, prefill_fl
 from tests.router_proc import start_router
 from tests.server_proc import free_port, start_server
 
-pytestmark = [pytest.mark.server, pytest.mark.model]
+pytestmark = [pytest.mark.server, pytest.mark.model, pytest.mark.slow]
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12}
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
