@@ -19,11 +19,10 @@ otherwise fight over them) and a `--pool`-token KV pool. Reported per setup: TTF
 (chats, and long requests apart), inter-token latency p50/p99 of the streaming chats (gaps
 between content chunks), throughput (output tokens/s and requests/s from the first arrival
 to the last finish), errors, and for PD the KV transfer: GB/s (sum of bytes / sum of time)
-and ms per 1k tokens, from the decode worker's `meta_info` fields `kv_transfer_ms`,
-`kv_transfer_bytes` and `kv_transfer_tokens` on the long requests. Note what the worker
-measures as `kv_transfer_ms`: from the decode's pull of the room to the KV's arrival, so it
-includes the prefill's queueing and compute, not only the wire; GB/s from it is a lower
-bound of the transfer's speed.
+and ms per 1k tokens, from the decode worker's `meta_info` fields `kv_copy_ms` (the
+prefill's gather, the wire and the decode's scatter into its pool), `kv_transfer_bytes` and
+`kv_transfer_tokens` on the long requests. (`kv_transfer_ms`, from the decode's pull to the
+KV in its pool, also counts the prefill's queueing and compute.)
 
 Run: .venv/bin/python benchmarks/bench_pd.py [--quick] [--setups colo1,pd]
 """
@@ -146,7 +145,7 @@ async def long_request(c: httpx.AsyncClient, base: str, i: int, args: argparse.N
     m = last.get("meta_info", {})
     return {"ok": True, "kind": "long", "ttft": first - t0, "tokens": m.get("completion_tokens", 0),
             "prompt_tokens": m.get("prompt_tokens", 0), "end": time.perf_counter(),
-            "kv_ms": m.get("kv_transfer_ms"), "kv_bytes": m.get("kv_transfer_bytes"),
+            "kv_ms": m.get("kv_copy_ms"), "kv_bytes": m.get("kv_transfer_bytes"),
             "kv_tokens": m.get("kv_transfer_tokens")}
 
 

@@ -184,6 +184,7 @@ class DecodeRole:
         req, s = w.req, self.sched
         if ev.payload is not None:
             scatter(self.pool, req.slots[w.prefix_len : w.n], ev.payload, self.layout)
+        copy_ms = max(0.0, time.time() - msg.gather_started) * 1000 if msg.gather_started else None
         s.kv.cache_unfinished(req)
         req.input_logprobs_done = True  # prompt logprobs are the prefill's (the router merges them)
         req.num_cached_tokens = msg.cached_tokens
@@ -191,7 +192,8 @@ class DecodeRole:
         elapsed = now - w.pulled_at
         self.stats.transfer(nbytes, w.n - w.prefix_len, elapsed)
         req.pd_meta = {"prefill_worker": msg.prefill_worker, "bootstrap_room": msg.room,
-                       "kv_transfer_ms": round(elapsed * 1000, 3), "kv_transfer_bytes": nbytes,
+                       "kv_transfer_ms": round(elapsed * 1000, 3), "kv_copy_ms": copy_ms and round(copy_ms, 3),
+                       "kv_transfer_bytes": nbytes,
                        "kv_transfer_tokens": w.n - w.prefix_len, "decode_cached_tokens": w.prefix_len}
         req.bootstrap = None  # from here on an ordinary request (a retraction recomputes locally)
         s.running.append(req)

@@ -230,11 +230,12 @@ class PrefillRole:
             self.sender.send(peer, r.room, Failed(r.room, text))
             self._drop(r, "mismatch", text, 502)
             return
+        started = time.time()
         buf = gather(self.pool, r.slots[pull.prefix_len : r.n])
         self._unlock(r)
         tok, lp, top = r.first  # type: ignore[misc]
         msg = KVReady(r.room, pull.prefix_len, r.n, self.layout, tok, lp, top, r.req.num_cached_tokens,
-                      self.sender.address)
+                      self.sender.address, started)
         r.sent = (payload_nbytes(self.layout, r.n - pull.prefix_len), r.n - pull.prefix_len)
         r.state = "sending"
         self.sender.send(peer, r.room, msg, buf)

@@ -89,6 +89,10 @@ class KVReady(msgspec.Struct, tag="kv"):
     first_top_logprobs: list[tuple[float, int]] | None
     cached_tokens: int  # the prefill's own prefix-cache hit for this prompt
     prefill_worker: str  # HOST:PORT of the prefill's bootstrap socket
+    # time.time() on the prefill just before it gathered the pages: the decode's copy-in
+    # end minus this is the transfer alone (gather, wire, scatter), clocks of one host or
+    # NTP-synced ones
+    gather_started: float = 0.0
 
 
 class Failed(msgspec.Struct, tag="failed"):
