@@ -41,7 +41,7 @@ def gather(pool: Any, slots: list[int]) -> torch.Tensor:
 
 def as_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor (bf16 has no numpy dtype)."""
-    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+    return t.view(torch.uint8).reshape(-1).numpy().data
 
 
 def scatter(pool: Any, slots: list[int], payload: Any, layout: KVLayout) -> None:

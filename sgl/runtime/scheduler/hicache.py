@@ -194,12 +194,12 @@ class HiCache:
         k = k0 + len(pages)
         if self.storage is not None and k < len(hashes):
             for h, blob in zip(hashes[k:], self.storage.take(req.uid, k)):
-                page = self.host.put(h)
-                if page is None:
+                free = self.host.put(h)
+                if free is None:
                     break
-                self.fills.append((page, blob))  # committed now: the index already names the page
+                self.fills.append((free, blob))  # committed now: the index already names the page
                 self._filled.setdefault(req.uid, set()).add(h)
-                hit.loads.append((page, first, P - first))
+                hit.loads.append((free, first, P - first))
                 hit.storage_tokens += P - first
                 first = 0
         self.host.pin(p for p, _, _ in hit.loads)
@@ -241,7 +241,7 @@ class HiCache:
             assert set(slots) <= tree_slots, "a registered device page has slots the tree does not hold"
 
     def snapshot(self, page_nbytes: int) -> dict[str, Any]:
-        s = dict(self.stats)
+        s: dict[str, Any] = dict(self.stats)
         s.update({
             "hicache_page_size": self.page_size,
             "hicache_write_policy": self.write_policy,
