@@ -45,6 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, print_table, write_json  # noqa: E402
 from procs import Proc, free_port  # noqa: E402
+from sse import StreamFailed, sse_frames  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -93,15 +94,13 @@ async def one(client: httpx.AsyncClient, url: str, ids: list[int], max_tokens: i
     ttft = None
     last: dict[str, Any] = {}
     body = {"input_ids": ids, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens}}
-    async with client.stream("POST", url + "/generate", json=body) as r:
-        if r.status_code != 200:
-            return {"error": f"HTTP {r.status_code}"}
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
+    try:
+        async for frame in sse_frames(client, url + "/generate", body):
             if ttft is None:
                 ttft = time.perf_counter() - t0
-            last = json.loads(line[5:])
+            last = frame
+    except StreamFailed as e:
+        return {"error": str(e)}
     meta = last.get("meta_info", {})
     return {"ttft": ttft, "latency": time.perf_counter() - t0, "prompt": meta.get("prompt_tokens", len(ids)),
             "cached": meta.get("cached_tokens", 0), "details": meta.get("cached_tokens_details") or {}}

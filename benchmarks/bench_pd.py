@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -46,6 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, print_table, write_json  # noqa: E402
 from procs import Proc, ProcFailed, free_port  # noqa: E402
+from sse import StreamFailed, sse_frames  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SETUPS = ("colo1", "colo2", "pd", "pd-wait")
@@ -107,17 +107,12 @@ async def chat(c: httpx.AsyncClient, base: str, i: int, max_tokens: int) -> dict
             "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
     t0 = time.perf_counter()
     stamps: list[float] = []
-    async with c.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            return {"ok": False, "error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                return {"ok": False, "error": str(chunk["error"])[:200]}
+    try:
+        async for chunk in sse_frames(c, f"{base}/v1/chat/completions", body):
             if any((ch.get("delta") or {}).get("content") for ch in chunk.get("choices", [])):
                 stamps.append(time.perf_counter())
+    except StreamFailed as e:
+        return {"ok": False, "error": str(e)}
     if not stamps:
         return {"ok": False, "error": "no content"}
     return {"ok": True, "kind": "chat", "ttft": stamps[0] - t0, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
@@ -129,17 +124,12 @@ async def long_request(c: httpx.AsyncClient, base: str, i: int, args: argparse.N
             "sampling_params": {"max_new_tokens": args.long_new_tokens, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
     first, last = None, None
-    async with c.stream("POST", f"{base}/generate", json=body) as r:
-        if r.status_code != 200:
-            return {"ok": False, "error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            frame = json.loads(line[6:])
-            if "error" in frame:
-                return {"ok": False, "error": str(frame["error"])[:200]}
+    try:
+        async for frame in sse_frames(c, f"{base}/generate", body):
             first = first or time.perf_counter()
             last = frame
+    except StreamFailed as e:
+        return {"ok": False, "error": str(e)}
     if first is None or last is None:
         return {"ok": False, "error": "no frames"}
     m = last.get("meta_info", {})

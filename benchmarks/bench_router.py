@@ -46,6 +46,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, print_table, write_json  # noqa: E402
 from procs import Proc, ProcFailed, free_port  # noqa: E402
+from sse import StreamFailed, sse_frames  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SGLANG_ROUTER = "sglang-router==0.3.2"
@@ -126,18 +127,13 @@ async def chat(client: httpx.AsyncClient, base: str, system: str, question: str,
             "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, usage = None, None
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            return {"ok": False, "error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                return {"ok": False, "error": str(chunk["error"])[:200]}
+    try:
+        async for chunk in sse_frames(client, f"{base}/v1/chat/completions", body):
             if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
                 ttft = time.perf_counter() - t0
             usage = chunk.get("usage") or usage
+    except StreamFailed as e:
+        return {"ok": False, "error": str(e)}
     if usage is None:
         return {"ok": False, "error": "no usage chunk"}
     cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
