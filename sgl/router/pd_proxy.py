@@ -94,36 +94,16 @@ class PdProxy:
         """The pair's answer as a response (`fwd` must carry `route_req` and `json`); never
         raises for worker trouble. Cancelling it (the client left) closes both connections."""
         assert fwd.route_req is not None and fwd.json is not None
-        t0 = time.perf_counter()
         tried_p: list[str] = []
         tried_d: list[str] = []
-        last = "no attempt"
-        finish_here = True
-        try:
-            for attempt in range(self.retry.max_attempts):
-                if attempt:
-                    self.metrics.retries.labels(fwd.route).inc()
-                    await asyncio.sleep(self.retry.delay_secs(attempt))
-                try:
-                    p, d = self._pick_pair(fwd, tried_p, tried_d)
-                except NoWorkers as e:
-                    msg = f"{e}; last error: {last}" if attempt else str(e)
-                    return self.base.final_answer(fwd, t0, error_response(503, msg))
-                tried_p.append(p.url)
-                tried_d.append(d.url)
-                out = await self._attempt_pair(fwd, p, d, t0, final=attempt + 1 == self.retry.max_attempts)
-                if isinstance(out, str):
-                    last = out
-                    continue
-                if isinstance(out, Passthrough):
-                    finish_here = False  # the stream's end settles the request
-                    return out
-                return self.base.final_answer(fwd, t0, out)
-            msg = f"all {len(tried_p)} attempt(s) failed; last: {last}"
-            return self.base.final_answer(fwd, t0, error_response(502, msg))
-        finally:
-            if finish_here and fwd.on_finish is not None:
-                fwd.on_finish()
+
+        async def attempt(t0: float, final: bool) -> Response | str:
+            p, d = self._pick_pair(fwd, tried_p, tried_d)
+            tried_p.append(p.url)
+            tried_d.append(d.url)
+            return await self._attempt_pair(fwd, p, d, t0, final=final)
+
+        return await self.base.with_retries(fwd, attempt)
 
     def _pick_pair(self, fwd: Forward, tried_p: list[str], tried_d: list[str]) -> tuple[Worker, Worker]:
         p = self.pick(self.prefill, self.prefill.policy, fwd.route_req, tried_p)

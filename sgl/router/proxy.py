@@ -149,30 +149,45 @@ class Proxy:
     async def forward(self, fwd: Forward) -> Response:
         """The worker's answer as a response; never raises for worker trouble. Cancelling it
         (the client left) closes the upstream connection, which aborts the worker's request."""
-        t0 = time.perf_counter()
         tried: list[str] = []
+
+        async def attempt(t0: float, final: bool) -> Response | str:
+            w = self._choose(fwd, tried)
+            tried.append(w.url)
+            out = await self._attempt(fwd, w, t0, final=final)
+            return f"{w.url}: {out}" if isinstance(out, str) else out
+
+        return await self.with_retries(fwd, attempt)
+
+    async def with_retries(self, fwd: Forward,
+                           attempt: Callable[[float, bool], Awaitable[Response | str]]) -> Response:
+        """The retry policy, for one worker or a PD pair: `attempt(t0, final)` returns the
+        answer or why to try again (its failures already counted); up to the configured
+        attempts with back-off; NoWorkers ends with 503. A `Passthrough` (a stream) settles
+        the request when it ends, anything else here."""
+        t0 = time.perf_counter()
         last = "no attempt"
+        done = 0
         finish_here = True
         try:
-            for attempt in range(self.retry.max_attempts):
-                if attempt:
+            for i in range(self.retry.max_attempts):
+                if i:
                     self.metrics.retries.labels(fwd.route).inc()
-                    await asyncio.sleep(self.retry.delay_secs(attempt))
+                    await asyncio.sleep(self.retry.delay_secs(i))
                 try:
-                    w = self._choose(fwd, tried)
+                    out = await attempt(t0, i + 1 == self.retry.max_attempts)
                 except NoWorkers as e:
-                    msg = f"{e}; last error: {last}" if tried else str(e)
+                    msg = f"{e}; last error: {last}" if done else str(e)
                     return self.final_answer(fwd, t0, error_response(503, msg))
-                tried.append(w.url)
-                out = await self._attempt(fwd, w, t0, final=attempt + 1 == self.retry.max_attempts)
+                done += 1
                 if isinstance(out, str):
-                    last = f"{w.url}: {out}"
+                    last = out
                     continue
                 if isinstance(out, Passthrough):
                     finish_here = False  # the stream calls on_finish when it ends
                     return out
                 return self.final_answer(fwd, t0, out)
-            return self.final_answer(fwd, t0, error_response(502, f"all {len(tried)} attempt(s) failed; last: {last}"))
+            return self.final_answer(fwd, t0, error_response(502, f"all {done} attempt(s) failed; last: {last}"))
         finally:
             if finish_here and fwd.on_finish is not None:
                 fwd.on_finish()
