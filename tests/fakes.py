@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.executor.plan import RowResult, StepPlan, StepResult
+from sgl.runtime.executor.plan import PlanRow, RowResult, StepPlan, StepResult
 from sgl.runtime.executor.step import build_forward_batch
 
 VOCAB = 64
@@ -126,9 +126,28 @@ class FakeExecutor:
                 res.prompt_logprobs.append(0.0 if nxt == next_token(r.input_ids[p - r.prefix_len], p) else -1.0)
                 res.prompt_top_logprobs.append(None)
             if r.sample is not None:
-                res.token_id = next_token(r.input_ids[-1], r.prefix_len + r.extend_len - 1)
+                res = self._verify(r, res)
             out.append(res)
         return StepResult(out)
+
+
+    @staticmethod
+    def _verify(r: PlanRow, res: RowResult) -> RowResult:
+        """The sampled token, after accepting the row's speculative drafts while each is the
+        fake model's choice at its position (greedy verification)."""
+        assert r.sample is not None
+        drafts = r.sample.draft_ids
+        first = r.extend_len - 1 - len(drafts)  # the row's index of the last pending token
+        accepted: list[RowResult] = []
+        for j in range(len(drafts) + 1):
+            i = first + j
+            choice = next_token(r.input_ids[i], r.prefix_len + i)
+            if j == len(drafts) or choice != drafts[j]:
+                res.token_id = choice
+                res.accepted = accepted
+                return res
+            accepted.append(RowResult(token_id=choice))
+        raise AssertionError("unreachable")
 
 
 class CharTokenizer:

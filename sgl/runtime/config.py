@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sgl.runtime.kv_events.config import parse_kv_events_config
+from sgl.runtime.speculative.proposer import algorithm_name
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
@@ -123,6 +124,16 @@ class EngineConfig(SharedOptions):
                                                     "server's --host:--port); a prefill binds its bootstrap socket "
                                                     "on HOST")
 
+    speculative_algorithm: str | None = _f(None, "speculative decoding: ngram (prompt lookup) or draft (a smaller "
+                                                 "model, --speculative-draft-model-path); SGLang's NGRAM and "
+                                                 "STANDALONE are accepted (default: off)")
+    speculative_num_draft_tokens: int = _f(4, "most draft tokens verified per request per decode step")
+    speculative_draft_model_path: str | None = _f(None, "the draft model (GGUF file or Hugging Face folder) of "
+                                                        "--speculative-algorithm draft; same vocabulary as the model")
+    speculative_ngram_min_match_window_size: int = _f(1, "ngram: fewest trailing tokens that must match earlier "
+                                                         "context to propose what followed")
+    speculative_ngram_max_match_window_size: int = _f(12, "ngram: most trailing tokens compared when matching")
+
     def resolved(self) -> "EngineConfig":
         """Validate and return a new config (explicit values are kept)."""
         self.check_choices()
@@ -150,7 +161,25 @@ class EngineConfig(SharedOptions):
         parse_kv_events_config(self.kv_events_config)  # ValueError naming --kv-events-config
         self._check_hicache()
         self._check_disaggregation()
+        self._check_speculative()
         return self
+
+    def _check_speculative(self) -> None:
+        if self.speculative_algorithm is None:
+            return
+        algo = algorithm_name(self.speculative_algorithm)  # ValueError naming the flag
+        if self.speculative_num_draft_tokens < 1:
+            raise ValueError(f"--speculative-num-draft-tokens must be >= 1, got {self.speculative_num_draft_tokens}")
+        lo, hi = self.speculative_ngram_min_match_window_size, self.speculative_ngram_max_match_window_size
+        if not 1 <= lo <= hi:
+            raise ValueError(f"--speculative-ngram-min-match-window-size ({lo}) must be >= 1 and <= "
+                             f"--speculative-ngram-max-match-window-size ({hi})")
+        if algo == "draft":
+            if not self.speculative_draft_model_path:
+                raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path (a smaller "
+                                 "model with the same vocabulary)")
+            if self.tp_size > 1:
+                raise ValueError("--speculative-algorithm draft does not support --tp-size > 1 yet (use ngram)")
 
     def _check_disaggregation(self) -> None:
         if not 0 < self.disaggregation_bootstrap_port < 65536:

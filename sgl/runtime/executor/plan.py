@@ -19,6 +19,14 @@ For one plan row (request), the new tokens and the logits rows it asks for:
                               prompt logprob positions:  [prompt_lp_start,
                                  prompt_lp_start + len(prompt_lp_next_ids))
                               sampled position: the last new token, when `sample` is set
+
+With speculative decoding a decode row's input_ids end with `sample.draft_ids` (k tokens
+guessed by a proposer, KV slots of their own); the row then asks for the logits of its last
+k+1 tokens, and its result lists the accepted drafts before its own token
+(sgl/runtime/speculative/verify.py):
+
+    input_ids:  pending (last sampled, or a jump-forward run) | d_0 .. d_{k-1}
+    logits:                                        row 0 .. row k
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class SampleSpec:
     want_logprob: bool = False
     top_logprobs_num: int = 0
     grammar: Any = None  # the one non-plain field: see the module docstring
+    draft_ids: list[int] = field(default_factory=list)  # speculative drafts ending the row's input_ids
 
 
 @dataclass
@@ -93,6 +102,9 @@ class RowResult:
     top_logprobs: TopLogprobs | None = None
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    # Speculative decoding: the drafts the target accepted (token, logprob each), in order;
+    # token_id above follows them (the target's own token after the last accepted draft).
+    accepted: list["RowResult"] = field(default_factory=list)
 
 
 @dataclass

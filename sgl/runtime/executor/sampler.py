@@ -17,7 +17,7 @@ from sgl.runtime.executor.plan import RowResult, SampleSpec, TopLogprobs
 from sgl.runtime.sampling_params import SamplingParams
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SampleSpec]) -> None:
+def apply_penalties(logits: torch.Tensor, rows: list[SampleSpec]) -> None:
     for i, r in enumerate(rows):
         p = r.params
         if p.frequency_penalty == 0 and p.presence_penalty == 0 and p.repetition_penalty == 1:
@@ -35,7 +35,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleSpec]) -> None:
                 row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
 
 
-def _top_logprobs(logprobs: torch.Tensor, k: int) -> TopLogprobs:
+def top_logprobs(logprobs: torch.Tensor, k: int) -> TopLogprobs:
     vals, ids = torch.topk(logprobs, k)
     return [(float(v), int(t)) for v, t in zip(vals.tolist(), ids.tolist())]
 
@@ -49,28 +49,17 @@ def sample(logits: torch.Tensor, rows: list[SampleSpec], generators: list[torch.
     need_lp = [i for i, r in enumerate(rows) if r.want_logprob]
     raw_lp = torch.log_softmax(logits[need_lp], dim=-1) if need_lp else None
 
-    _apply_penalties(logits, rows)
+    apply_penalties(logits, rows)
     grammars = [r.grammar for r in rows]
     if any(g is not None for g in grammars):
         view = (masks if masks is not None else allocate_masks(n, vocab))[:n, :vocab]
         apply_masks(logits, view, fill_masks(grammars, view))
-    for i, r in enumerate(rows):
-        if r.banned:
-            banned = [t for t in r.banned if t < vocab]
-            saved = logits[i, banned].clone()
-            logits[i, banned] = float("-inf")
-            if bool(torch.isneginf(logits[i]).all()):  # the grammar allows only these: keep them
-                logits[i, banned] = saved
+    apply_banned(logits, rows)
 
     out = torch.argmax(logits, dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if sampled:
-        idx = torch.tensor(sampled)
-        sub = logits[idx]
-        temps = torch.tensor([rows[i].params.temperature for i in sampled], dtype=sub.dtype).unsqueeze(1)
-        sub = sub / temps
-        _filter_top_k_p_min_p(sub, [rows[i].params for i in sampled])
-        probs = torch.softmax(sub, dim=-1)
+        probs = sampling_probs(logits[torch.tensor(sampled)], [rows[i].params for i in sampled])
         for j, i in enumerate(sampled):
             out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
 
@@ -79,8 +68,29 @@ def sample(logits: torch.Tensor, rows: list[SampleSpec], generators: list[torch.
         for j, i in enumerate(need_lp):
             res[i].logprob = float(raw_lp[j, res[i].token_id])
             if rows[i].top_logprobs_num > 0:
-                res[i].top_logprobs = _top_logprobs(raw_lp[j], rows[i].top_logprobs_num)
+                res[i].top_logprobs = top_logprobs(raw_lp[j], rows[i].top_logprobs_num)
     return res
+
+
+def apply_banned(logits: torch.Tensor, rows: list[SampleSpec]) -> None:
+    """Forbid each row's `banned` ids (eos / stop ids before min_new_tokens), unless the
+    grammar left nothing else."""
+    vocab = logits.shape[1]
+    for i, r in enumerate(rows):
+        if r.banned:
+            banned = [t for t in r.banned if t < vocab]
+            saved = logits[i, banned].clone()
+            logits[i, banned] = float("-inf")
+            if bool(torch.isneginf(logits[i]).all()):  # the grammar allows only these: keep them
+                logits[i, banned] = saved
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from: temperature, top-k / top-p / min-p, softmax."""
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
+    sub = logits / temps
+    _filter_top_k_p_min_p(sub, params)
+    return torch.softmax(sub, dim=-1)
 
 
 def _filter_top_k_p_min_p(logits: torch.Tensor, params: list[SamplingParams]) -> None:

@@ -22,6 +22,7 @@ from sgl.runtime.executor.plan import FatalExecutorError, RowResult, SampleSpec,
 from sgl.runtime.ipc.messages import Forward
 from sgl.runtime.memory.host_pool import HostKVPool
 from sgl.runtime.executor.sampler import prompt_logprobs, sample
+from sgl.runtime.speculative.verify import verify
 
 
 class ModelRunner(Protocol):
@@ -52,8 +53,9 @@ def forward_inputs(plan: StepPlan) -> tuple[Forward, list[int], list[int]]:
         lo = start + r.prompt_lp_start - r.prefix_len
         logits_idx.extend(range(lo, lo + len(r.prompt_lp_next_ids)))
         sample_rows.append(len(logits_idx) if r.sample is not None else -1)
-        if r.sample is not None:
-            logits_idx.append(start + r.extend_len - 1)
+        if r.sample is not None:  # the last token's row, after the rows of any drafts before it
+            end = start + r.extend_len
+            logits_idx.extend(range(end - 1 - len(r.sample.draft_ids), end))
     return fwd, lp_rows, sample_rows
 
 
@@ -118,6 +120,10 @@ class StepExecutor:
                 out[i].prompt_logprobs, out[i].prompt_top_logprobs = prompt_logprobs(
                     logits[lo : lo + len(r.prompt_lp_next_ids)], r.prompt_lp_next_ids, r.prompt_top_logprobs_num)
         picked = [i for i, j in enumerate(sample_rows) if j >= 0]
+        drafted = [i for i in picked if plan.rows[i].sample.draft_ids]  # type: ignore[union-attr]
+        if drafted:
+            picked = [i for i in picked if i not in set(drafted)]
+            self._verify(plan, logits, sample_rows, drafted, out)
         if picked:
             specs = [s for i in picked if (s := plan.rows[i].sample) is not None]
             idx = [sample_rows[i] for i in picked]
@@ -130,6 +136,18 @@ class StepExecutor:
                 res.prompt_logprobs, res.prompt_top_logprobs = out[i].prompt_logprobs, out[i].prompt_top_logprobs
                 out[i] = res
         return StepResult(out)
+
+    def _verify(self, plan: StepPlan, logits: torch.Tensor, sample_rows: list[int], drafted: list[int],
+                out: list[RowResult]) -> None:
+        """Rows with speculative drafts: accept or reject them (speculative/verify.py)."""
+        for i in drafted:
+            spec = plan.rows[i].sample
+            assert spec is not None
+            lo, k = sample_rows[i], len(spec.draft_ids)
+            masks = self._mask_buffer([spec], logits.shape[1], k + 1)
+            res = verify(logits[lo : lo + k + 1].float(), spec, self._generator(plan.rows[i].uid, spec), masks)
+            res.prompt_logprobs, res.prompt_top_logprobs = out[i].prompt_logprobs, out[i].prompt_top_logprobs
+            out[i] = res
 
     def _copies(self, plan: StepPlan) -> None:
         if not (plan.kv_stores or plan.kv_loads or plan.kv_fills):
@@ -159,10 +177,11 @@ class StepExecutor:
             g.manual_seed(spec.seed)
         return g
 
-    def _mask_buffer(self, specs: list[SampleSpec], width: int) -> torch.Tensor | None:
+    def _mask_buffer(self, specs: list[SampleSpec], width: int, rows: int = 0) -> torch.Tensor | None:
         if all(s.grammar is None for s in specs):
             return None
+        need = max(len(specs), rows)
         m = self._masks
-        if m is None or m.shape[0] < len(specs) or m.shape[1] < width:
-            m = self._masks = allocate_masks(max(len(specs), 64), width)
+        if m is None or m.shape[0] < need or m.shape[1] < width:
+            m = self._masks = allocate_masks(max(need, 64), width)
         return m

@@ -73,6 +73,13 @@ class KVCache:
         req.slots.extend(new_slots)
 
     # -- caching --------------------------------------------------------------------
+    def truncate(self, req: Req, keep: int) -> None:
+        """Free the request's own slots past `keep` (KV computed for tokens it no longer has)."""
+        assert keep >= req.num_tree_tokens, "cannot drop KV the tree owns"
+        if keep < len(req.slots):
+            self.allocator.free(req.slots[keep:])
+            del req.slots[keep:]
+
     def cache_unfinished(self, req: Req) -> None:
         """After a prefill chunk: share the computed tokens through the tree and move
         the lock to the new deepest node, so later requests (forks, n>1) reuse them."""
@@ -99,6 +106,9 @@ class KVCache:
     def release(self, req: Req) -> None:
         """Finished, aborted or retracted: hand computed KV to the tree (or free it),
         unlock the prefix and give back the table row."""
+        if req.draft_slots:  # a step with drafts failed before its update
+            self.allocator.free(req.draft_slots)
+            req.draft_ids, req.draft_slots = [], []
         n = req.num_computed
         if self.tree.disable:
             self.allocator.free(req.slots[req.num_tree_tokens :])

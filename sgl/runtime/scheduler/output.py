@@ -179,6 +179,12 @@ class OutputProcessor:
         }
         if req.first_token_at is not None:
             m["ttft"] = req.first_token_at - req.created_at
+        if req.spec_verify_ct:
+            m["spec_verify_ct"] = req.spec_verify_ct
+            # SGLang's measure: completion tokens per decode forward pass of this request
+            m["spec_accept_length"] = len(req.output_ids) / req.spec_verify_ct
+            m["spec_draft_tokens"] = req.spec_draft_tokens
+            m["spec_accepted_tokens"] = req.spec_accepted_tokens
         if req.pd_meta:
             m.update(req.pd_meta)
         if req.return_logprob:

@@ -57,6 +57,10 @@ class Req:
     slots: list[int] = field(default_factory=list)
     num_tree_tokens: int = 0
     last_node: Any = None  # locked radix node covering slots[:num_tree_tokens]
+    # Speculative drafts for the step being run (after fill_ids; slots of their own, written
+    # to the table after `slots`); empty between steps (scheduler/speculate.py).
+    draft_ids: list[int] = field(default_factory=list)
+    draft_slots: list[int] = field(default_factory=list)
 
     # accounting
     num_cached_tokens: int = 0  # prefix hit at first admission (all tiers)
@@ -64,6 +68,9 @@ class Req:
     page_hashes: list[int] = field(default_factory=list)  # hierarchical cache: the prompt's full pages
     admitted_once: bool = False
     jump_forward_tokens: int = 0
+    spec_verify_ct: int = 0  # decode steps run with speculation on
+    spec_draft_tokens: int = 0  # drafts proposed for it
+    spec_accepted_tokens: int = 0  # drafts the target accepted
     num_retractions: int = 0
     aborted_message: str | None = None
     finish_reason: dict[str, Any] | None = None

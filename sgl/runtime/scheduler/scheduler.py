@@ -27,6 +27,7 @@ from sgl.runtime.scheduler.output import OutputProcessor
 from sgl.runtime.scheduler.plan import make_plan
 from sgl.runtime.scheduler.prefill import PrefillLimits, schedule_prefill
 from sgl.runtime.scheduler.req import Req
+from sgl.runtime.scheduler.speculate import Speculator
 
 log = logging.getLogger("sgl.scheduler")
 
@@ -64,8 +65,9 @@ class Scheduler:
 
     def __init__(self, cfg: SchedulerConfig, runner: ModelRunner | None, kv: KVCache, tokenizer: Any,
                  eos_ids: set[int], grammar_compiler: Any = None, device: str | torch.device = "cpu",
-                 executor: Executor | None = None) -> None:
-        """Give a model runner (wrapped in the in-process StepExecutor) or an executor."""
+                 executor: Executor | None = None, speculator: Speculator | None = None) -> None:
+        """Give a model runner (wrapped in the in-process StepExecutor) or an executor;
+        a speculator (scheduler/speculate.py) turns speculative decoding on."""
         self.cfg = cfg
         self.runner = runner
         if executor is None:
@@ -77,6 +79,7 @@ class Scheduler:
         self.eos_ids = set(eos_ids)
         self.grammar_compiler = grammar_compiler
         self.device = device
+        self.spec = speculator
         self.out = OutputProcessor(tokenizer, self.eos_ids, cfg.enable_jump_forward, cfg.detokenize_outputs)
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.waiting: list[Req] = []
@@ -240,6 +243,8 @@ class Scheduler:
         if (not batch or mix) and self.running:
             decode_batch, retracted = schedule_decode(self.kv, self.running, self.waiting)
             batch = batch + decode_batch
+            if self.spec is not None:
+                self.spec.add_drafts(self.kv, batch, [r for r, _ in decode_batch])
             for r in retracted:
                 self.stats["num_retractions_total"] += 1
                 if r.num_retractions < 0:
@@ -387,7 +392,10 @@ class Scheduler:
             if req.bootstrap is not None and self.pd is not None and self.pd.take_first_token(req, res):
                 self._finish(req, req.finish_reason)
                 continue
-            self.out.append_token(req, res.token_id, res.logprob, res.top_logprobs)
+            if self.spec is not None and row.sample.draft_ids:
+                self.spec.apply(self.kv, self.out, req, res)
+            else:
+                self.out.append_token(req, res.token_id, res.logprob, res.top_logprobs)
             if req.finished:
                 self._finish(req, req.finish_reason)
             elif req.stream and req.on_output is not None:
@@ -408,6 +416,8 @@ class Scheduler:
             self.kv.release(req)
         if self.kv.hicache is not None:
             self.kv.hicache.on_finish(req)
+        if self.spec is not None:
+            self.spec.release(req)
         s = self.stats
         s["num_finished_total"] += 1
         if reason is not None and reason.get("type") == "abort":
@@ -476,6 +486,7 @@ class Scheduler:
             "kv_usage": (total - free) / total if total else 0.0,
             "cache_hit_rate": (self.stats["cached_tokens_total"] / prompt) if prompt else 0.0,
             **self._hicache_snapshot(),
+            **(self.spec.snapshot() if self.spec is not None else {"spec_algorithm": None}),
             **(self.pd.snapshot() if self.pd is not None else {"disaggregation_mode": "null"}),
         }
 

@@ -131,6 +131,36 @@ def request_table(cfg: EngineConfig, rm: RankModel) -> Any:
     return ReqToTokenPool(cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK, rm.context_length, rm.device)
 
 
+def speculator(cfg: EngineConfig, rm: RankModel) -> Any:
+    """Rank 0's speculative decoding (scheduler/speculate.py), or None when it is off."""
+    if cfg.speculative_algorithm is None:
+        return None
+    from sgl.runtime.kernels.cpu.decode import MAX_ROWS
+    from sgl.runtime.scheduler.speculate import Speculator
+    from sgl.runtime.speculative.proposer import SpecOptions, algorithm_name
+
+    opts = SpecOptions(
+        algorithm=algorithm_name(cfg.speculative_algorithm),
+        num_draft_tokens=cfg.speculative_num_draft_tokens,
+        ngram_min_window=cfg.speculative_ngram_min_match_window_size,
+        ngram_max_window=cfg.speculative_ngram_max_match_window_size,
+        # Keep verification steps on the C decode step where it runs (it takes MAX_ROWS rows).
+        max_step_rows=MAX_ROWS if getattr(rm.runner, "cpu_decoder", None) is not None else None,
+    )
+    if opts.algorithm == "ngram":
+        from sgl.runtime.speculative.ngram import NgramProposer
+
+        proposer: Any = NgramProposer(opts.ngram_min_window, opts.ngram_max_window)
+    else:
+        from sgl.runtime.speculative.draft_model import DraftModelProposer
+
+        proposer = DraftModelProposer.load(cfg.speculative_draft_model_path, dtype=cfg.dtype, device=rm.device,
+                                           max_tokens=min(rm.max_total_tokens, 65536),
+                                           target_vocab_size=rm.config.vocab_size, cache_dir=cfg.cache_dir)
+    log.info("speculative decoding: %s, up to %d drafts per request per step", opts.algorithm, opts.num_draft_tokens)
+    return Speculator(opts, proposer)
+
+
 def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
     """Rank 0's scheduler over `rm`; `peers` (distributed/peers.py) when tp > 1."""
     from sgl.radix import RadixTree
@@ -159,6 +189,7 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
         ),
         rm.runner, kv, rm.tokenizer, eos, grammar_compiler=LazyGrammarCompiler(rm.tokenizer, eos, cfg),
         device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers, rm.host_pool, rm.pool),
+        speculator=speculator(cfg, rm),
     )
     from sgl.runtime.disaggregation import build_role
 

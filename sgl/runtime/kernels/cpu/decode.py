@@ -1,6 +1,6 @@
 """Decode steps of a bf16 Llama-family model through the C kernel (decode.c, bound in binding.py).
 
-For a pure decode batch of at most `MAX_ROWS` requests on the CPU, the whole forward is
+For a decode batch of at most `MAX_ROWS` new tokens on the CPU, the whole forward is
 one C call that reads the weights and the KV pool in place (through a table of their
 addresses) and writes float32 logits: the ~700 torch ops of an eager step cost more than
 the weight streaming they wrap at batch 1. The model runner (executor/model_runner.py)
@@ -83,12 +83,12 @@ class CpuDecoder:
         return cls(model, kernels, threads or default_threads()) if kernels is not None else None
 
     def supports(self, batch: ForwardBatch, pool: Any) -> bool:
-        """Whether this step can run here: a decode batch of 1..MAX_ROWS rows on a bf16
-        pool, whose logits rows are 0..B-1 in order (the kernel writes row i for request i)."""
+        """Whether this step can run here: 1..MAX_ROWS new tokens on a bf16 pool, each
+        request extending a non-empty prefix (a decode step; or a few tokens per request:
+        speculative drafts, a jump-forward run)."""
         return (pool is not None and pool.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
-                and batch.req_to_token.dtype == torch.int64 and 0 < batch.batch_size <= MAX_ROWS
-                and batch.is_decode and len(batch.logits_indices) == batch.batch_size
-                and bool((batch.logits_indices.cpu() == torch.arange(batch.batch_size)).all()))
+                and batch.req_to_token.dtype == torch.int64 and 0 < batch.num_tokens <= MAX_ROWS
+                and all(p > 0 for p in batch.prefix_lens_cpu))
 
     def _bind_pool(self, pool: Any, max_context: int) -> None:
         rows = []
@@ -118,14 +118,34 @@ class CpuDecoder:
         self._flip ^= 1
         return ws[0], ws[1][self._flip]
 
+    @staticmethod
+    def _token_rows(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(table row, sequence length) per new token. The kernel writes every row's K/V
+        before any row attends, so a request's tokens can be separate rows sharing its table
+        row, each attending up to itself (seq_len = position + 1): causal attention, and
+        each row summed exactly as in a one-token step."""
+        if batch.is_decode:
+            return batch.req_pool_indices.contiguous(), batch.seq_lens.contiguous()
+        rows = torch.repeat_interleave(batch.req_pool_indices, batch.extend_lens)
+        return rows.contiguous(), (batch.positions + 1).contiguous()
+
     def forward(self, batch: ForwardBatch, pool: Any) -> torch.Tensor:
         if self._pool is not pool or batch.req_to_token.shape[1] > self._max_len:
             self._bind_pool(pool, batch.req_to_token.shape[1])
-        b = batch.batch_size
+        logits = self._run(batch)
+        want = batch.logits_indices
+        n = batch.num_tokens
+        if len(want) == n and bool((want == torch.arange(n)).all()):
+            return logits
+        return logits.index_select(0, want)
+
+    def _run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of every new token, in order."""
+        b = batch.num_tokens
         ws, logits = self._workspace(b)
         r2t = batch.req_to_token
         ids, pos, loc = batch.input_ids.contiguous(), batch.positions.contiguous(), batch.out_cache_loc.contiguous()
-        rows, lens = batch.req_pool_indices.contiguous(), batch.seq_lens.contiguous()
+        rows, lens = self._token_rows(batch)
         step = DecodeBatch(rows=b, input_ids=_ptr(ids), positions=_ptr(pos), out_loc=_ptr(loc), req_rows=_ptr(rows),
                            seq_lens=_ptr(lens), req_to_token=_ptr(r2t), r2t_stride=r2t.stride(0),
                            max_len=self._max_len, ws=_ptr(ws), fws=_ptr(self._fws), logits=_ptr(logits),
