@@ -104,6 +104,16 @@ def test_partial_acceptance_rewrite_and_retraction_reconcile_exactly(draft_dir):
     check(p)
 
 
+def test_common_prefix():
+    from sgl.runtime.speculative.draft_model import _common_prefix
+
+    a = list(range(50))
+    assert _common_prefix(a, a, 49) == 49 and _common_prefix(a, a[:10], 99) == 10
+    for k in (0, 1, 17, 48):
+        assert _common_prefix(a, a[:k] + [-1] + a[k + 1 :], 99) == k
+    assert _common_prefix([], a, 5) == 0
+
+
 def test_context_length_limits_drafts(draft_dir):
     p = make(draft_dir)  # the tiny draft's context: 256 tokens
     long = req(1, prompt(1, 254))
@@ -149,20 +159,36 @@ def test_vocabulary_mismatch_is_refused(tmp_path):
         DraftModelProposer.load(str(d), "float32", "cpu", 1024, VOCAB)
 
 
-@pytest.mark.model
-def test_embedded_model_as_its_own_draft_matches_greedy_decoding():
-    from sgl.runtime.engine import Engine
-
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    params = {"temperature": 0, "max_new_tokens": 8}
-    with Engine(dtype="float32", max_total_tokens=1024) as eng:
-        ids = [eng.tokenizer.encode(p) for p in prompts]
-        ref = [o["output_ids"] for o in eng.generate(input_ids=ids, sampling_params=[params] * 2)]
+def drafts_follow_greedy(dtype: str, ids: list[list[int]], ref: list[list[int]]) -> None:
+    """The embedded model drafting for itself proposes exactly its greedy continuation `ref`
+    (8 tokens per prompt), before and after a step whose drafts were all accepted."""
     assert all(len(r) == 8 for r in ref)
-    p = DraftModelProposer.load(None, "float32", "cpu", 256, VOCAB)
+    p = DraftModelProposer.load(None, dtype, "cpu", 256, VOCAB)
     reqs = [req(i, x) for i, x in enumerate(ids)]
-    assert p.propose(reqs, [4, 4]) == [r[:4] for r in ref]
+    assert p.propose(reqs, [4] * len(ids)) == [r[:4] for r in ref]
     # The target accepted all 4 and added its bonus token: the next drafts continue from there.
     reqs = [req(i, x + r[:5]) for i, (x, r) in enumerate(zip(ids, ref))]
-    assert p.propose(reqs, [3, 3]) == [r[5:8] for r in ref]
+    assert p.propose(reqs, [3] * len(ids)) == [r[5:8] for r in ref]
     check(p)
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+GREEDY8 = {"temperature": 0, "max_new_tokens": 8}
+
+
+@pytest.mark.model
+def test_embedded_model_as_its_own_draft_matches_greedy_decoding_float32():
+    from sgl.runtime.engine import Engine
+
+    with Engine(dtype="float32", max_total_tokens=1024) as eng:
+        ids = [eng.tokenizer.encode(p) for p in PROMPTS]
+        ref = [o["output_ids"] for o in eng.generate(input_ids=ids, sampling_params=[GREEDY8] * len(ids))]
+    drafts_follow_greedy("float32", ids, ref)
+
+
+@pytest.mark.model
+def test_embedded_model_as_its_own_draft_matches_greedy_decoding_bf16(engine):
+    """bf16 on the CPU: the draft's decode steps take the C decode step, as the target's do."""
+    ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+    ref = [o["output_ids"] for o in engine.generate(input_ids=ids, sampling_params=[GREEDY8] * len(ids))]
+    drafts_follow_greedy("bfloat16", ids, ref)
