@@ -51,6 +51,12 @@ _ENGINE_GAUGES = {
     "kv_free_tokens": ("sgl_kv_free_tokens", "KV pool slots free"),
     "kv_total_tokens": ("sgl_kv_total_tokens", "KV pool capacity in tokens"),
     "cache_hit_rate": ("sgl_cache_hit_rate", "Fraction of prompt tokens served from the radix cache"),
+    # Speculative decoding (present when it is on): cumulative since start.
+    "spec_accept_rate": ("sgl_spec_accept_rate", "Fraction of speculative draft tokens the model accepted"),
+    "spec_accept_length": ("sgl_spec_accept_length", "Tokens a request's decode step yields on average "
+                                                     "(1 + accepted drafts per step)"),
+    "spec_draft_tokens_total": ("sgl_spec_draft_tokens", "Speculative draft tokens proposed since start"),
+    "spec_accepted_tokens_total": ("sgl_spec_accepted_tokens", "Speculative draft tokens accepted since start"),
 }
 
 WINDOW_S = 10.0
@@ -133,6 +139,8 @@ class SGLangMetrics:
         self.token_usage = gauge("sglang:token_usage", "The token usage: used tokens / KV pool capacity.")
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate (recent requests).")
         self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s), recent.")
+        self.spec_accept_length = gauge("sglang:spec_accept_length",
+                                        "The average acceptance length of speculative decoding.")
         self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("sglang:generation_tokens", "Number of generation tokens processed.")
         self.cached_tokens = counter("sglang:cached_tokens", "Number of cached prompt tokens.")
@@ -161,6 +169,9 @@ class SGLangMetrics:
         if recent is not None or overall is not None:
             self.cache_hit_rate.set(recent if recent is not None else overall)
         self.gen_throughput.set(rates.gen_throughput())
+        accept_length = _num(info, "spec_accept_length")
+        if accept_length is not None:
+            self.spec_accept_length.set(accept_length)
 
 
 class Metrics:

@@ -136,6 +136,7 @@ def speculator(cfg: EngineConfig, rm: RankModel) -> Any:
     if cfg.speculative_algorithm is None:
         return None
     from sgl.runtime.kernels.cpu.decode import MAX_ROWS
+    from sgl.runtime.scheduler.scheduler import Scheduler
     from sgl.runtime.scheduler.speculate import Speculator
     from sgl.runtime.speculative.proposer import SpecOptions, algorithm_name
 
@@ -154,9 +155,12 @@ def speculator(cfg: EngineConfig, rm: RankModel) -> Any:
     else:
         from sgl.runtime.speculative.draft_model import DraftModelProposer
 
-        proposer = DraftModelProposer.load(cfg.speculative_draft_model_path, dtype=cfg.dtype, device=rm.device,
-                                           max_tokens=min(rm.max_total_tokens, 65536),
-                                           target_vocab_size=rm.config.vocab_size, cache_dir=cfg.cache_dir)
+        proposer = DraftModelProposer.load(
+            cfg.speculative_draft_model_path, dtype=cfg.dtype, device=rm.device, max_tokens=rm.max_total_tokens,
+            target_vocab_size=rm.config.vocab_size, cache_dir=cfg.cache_dir, context_length=rm.context_length,
+            max_requests=cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK,
+            attention_backend=cfg.attention_backend, prepack=not cfg.disable_packed_linears,
+            use_cpu_decode_kernel=not cfg.disable_cpu_decode_kernel, cpu_decode_threads=cfg.cpu_decode_threads)
     log.info("speculative decoding: %s, up to %d drafts per request per step", opts.algorithm, opts.num_draft_tokens)
     return Speculator(opts, proposer)
 
