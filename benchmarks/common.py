@@ -18,16 +18,25 @@ import torch  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def cpu_model() -> str:
-    """lscpu's model name: hosts of one machine kind differ (Zen 3, Zen 4, AMX Xeons)."""
+def _lscpu(field: str) -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     for line in out.splitlines():
-        if line.startswith("Model name:"):
+        if line.startswith(field + ":"):
             return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+def cpu_model() -> str:
+    """lscpu's model name: hosts of one machine kind differ (Zen 3, Zen 4, AMX Xeons)."""
+    return _lscpu("Model name")
+
+
+def cpu_flags() -> str:
+    """lscpu's flags line: which vector units ran (avx2, avx512_bf16, amx_tile, ...)."""
+    return _lscpu("Flags")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -77,7 +86,7 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
 def write_json(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
-    machine = {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
+    machine = {"cpu": cpu_model(), "flags": cpu_flags(), "cpus": os.cpu_count(), "torch": torch.__version__,
                "threads": torch.get_num_threads()}
     data = {"machine": machine, **data}
     path.write_text(json.dumps(data, indent=2))

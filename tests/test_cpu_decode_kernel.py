@@ -148,9 +148,14 @@ def test_only_small_bf16_decode_batches_take_the_kernel():
     assert not dec.supports(prefill, pool)
     fp32 = tiny_random_model(tiny_config(), dtype=torch.float32)
     assert CpuDecoder.create(fp32) is None
-    # Logits rows in another order (the kernel writes row i for request i) take torch.
+    # Logits rows in another order: the kernel computes every row, the wanted ones are picked.
+    straight = dec.forward(batch, pool).clone()
     batch.logits_indices = batch.logits_indices.flip(0)
-    assert not dec.supports(batch, pool)
+    assert dec.supports(batch, pool)
+    assert torch.equal(dec.forward(batch, pool), straight.flip(0))
+    # Several new tokens of one request on a cached prefix (speculative drafts) take the kernel.
+    drafts = ForwardBatch.build([5, 6, 7], [900, 901, 902], [0], [4], [3], batch.req_to_token)
+    assert dec.supports(drafts, pool)
     with pytest.raises(ValueError, match="1 or 2 threads"):
         CpuDecoder.create(model, 3)
 
