@@ -163,3 +163,21 @@ def test_algorithm_names() -> None:
     assert algorithm_name("NGRAM") == "ngram" and algorithm_name("STANDALONE") == "draft"
     with pytest.raises(ValueError, match="speculative_algorithm"):
         algorithm_name("eagle")
+
+
+def test_draft_policy_follows_acceptance_and_row_cost() -> None:
+    from sgl.runtime.speculative.policy import PROBE_EVERY, DraftPolicy
+
+    assert DraftPolicy(None).lengths([1, 2], [4, 3]) == [4, 3]  # no measurement: verify all
+    cheap, dear = DraftPolicy(0.05), DraftPolicy(1.0)
+    assert cheap.lengths([1], [4]) == [3]  # p = 0.5 prior: the 4th draft (q = 1/16) does not pay
+    assert dear.lengths([1], [4]) == [0]  # a row costs a whole step: only certainty would pay
+    for _ in range(6):  # request 1 copies its context: every draft stands
+        cheap.observe(1, 4, 4)
+        cheap.observe(2, 4, 0)  # request 2 never matches
+    got = cheap.lengths([1, 2], [4, 4])
+    assert got[0] == 4 and got[1] == 0
+    probes = [cheap.lengths([2], [4])[0] for _ in range(PROBE_EVERY)]
+    assert probes.count(1) == 1 and probes[-1] == 1  # probed once in a while
+    cheap.release(2)
+    assert cheap.lengths([2], [4]) == [4]  # a new request starts from the prior

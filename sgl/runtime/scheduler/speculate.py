@@ -1,8 +1,9 @@
 """Speculative decoding on the scheduler's side: drafts in, accepted tokens out.
 
 Before a decode step (`add_drafts`) each running request gets up to k drafts from the
-proposer, cut where its grammar would refuse them, and KV slots for them written to its
-table row after its own:
+proposer, cut where its grammar would refuse them and to what is worth verifying (the
+draft policy: acceptance so far against the measured cost of a row), and KV slots for
+them written to its table row after its own:
 
     slots:        0 ................................ fill_len      (KV of fill_ids, + pending)
     draft_slots:                                     | d_0 .. d_{k-1} |   this step only
@@ -22,6 +23,7 @@ from sgl.runtime.executor.plan import RowResult
 from sgl.runtime.scheduler.kv_cache import KVCache
 from sgl.runtime.scheduler.output import OutputProcessor
 from sgl.runtime.scheduler.req import Req
+from sgl.runtime.speculative.policy import DraftPolicy
 from sgl.runtime.speculative.proposer import Proposer, SpecOptions, clip_to_grammar
 
 
@@ -29,6 +31,7 @@ class Speculator:
     def __init__(self, opts: SpecOptions, proposer: Proposer) -> None:
         self.opts = opts
         self.proposer = proposer
+        self.policy = DraftPolicy(opts.row_cost)
         self.stats = {"spec_verify_steps_total": 0, "spec_draft_tokens_total": 0, "spec_accepted_tokens_total": 0}
 
     def budget(self, req: Req, table_width: int) -> int:
@@ -47,12 +50,14 @@ class Speculator:
             return
         width = kv.req_to_token.max_context
         budgets = [self.budget(r, width) for r in decode]
-        proposals = self.proposer.propose(decode, budgets)
+        # Ask only for what is worth verifying: a draft model's forward is not free either.
+        worth = self.policy.lengths([r.uid for r in decode], budgets)
+        proposals = self.proposer.propose(decode, worth) if any(worth) else [[] for _ in decode]
         room = None if self.opts.max_step_rows is None else self.opts.max_step_rows - sum(n for _, n in batch)
-        for req, drafts, b in zip(decode, proposals, budgets):
+        for req, drafts, n in zip(decode, proposals, worth):
             req.spec_verify_ct += 1
             self.stats["spec_verify_steps_total"] += 1
-            drafts = drafts[:b]
+            drafts = drafts[:n]
             if room is not None:
                 drafts = drafts[: max(0, room)]
             if drafts and req.grammar is not None:
@@ -80,6 +85,7 @@ class Speculator:
         kv.allocator.free(slots[a:])
         req.spec_accepted_tokens += a
         self.stats["spec_accepted_tokens_total"] += a
+        self.policy.observe(req.uid, len(drafts), a)
         for r in res.accepted + [res]:
             n0 = len(req.output_ids)
             out.append_token(req, r.token_id, r.logprob, r.top_logprobs)
@@ -95,6 +101,7 @@ class Speculator:
 
     def release(self, req: Req) -> None:
         self.proposer.release(req.uid)
+        self.policy.release(req.uid)
 
     def snapshot(self) -> dict[str, Any]:
         s = self.stats

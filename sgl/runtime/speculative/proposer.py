@@ -43,6 +43,9 @@ class SpecOptions:
     # fast decode path takes a bounded number of rows (the CPU C decode step), so drafts
     # never push a step onto a slower path.
     max_step_rows: int | None = None
+    # One draft row's cost as a share of a one-row decode step (calibrate.py), or None:
+    # verify every proposed draft (tests; hosts where it could not be measured).
+    row_cost: float | None = None
 
 
 class Proposer(Protocol):

@@ -131,7 +131,7 @@ def request_table(cfg: EngineConfig, rm: RankModel) -> Any:
     return ReqToTokenPool(cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK, rm.context_length, rm.device)
 
 
-def speculator(cfg: EngineConfig, rm: RankModel) -> Any:
+def speculator(cfg: EngineConfig, rm: RankModel, table: Any) -> Any:
     """Rank 0's speculative decoding (scheduler/speculate.py), or None when it is off."""
     if cfg.speculative_algorithm is None:
         return None
@@ -140,13 +140,22 @@ def speculator(cfg: EngineConfig, rm: RankModel) -> Any:
     from sgl.runtime.scheduler.speculate import Speculator
     from sgl.runtime.speculative.proposer import SpecOptions, algorithm_name
 
+    c_step = getattr(rm.runner, "cpu_decoder", None) is not None
+    row_cost = None
+    if rm.tp.size == 1:  # with tensor parallelism a lone forward here would wait on the other ranks
+        from sgl.runtime.speculative.calibrate import measure_row_cost
+
+        rows = MAX_ROWS if c_step else cfg.speculative_num_draft_tokens + 1
+        row_cost = measure_row_cost(rm.runner, table.table, rows)
+        log.info("speculative decoding: a draft row costs %.3f of a one-row decode step here", row_cost)
     opts = SpecOptions(
         algorithm=algorithm_name(cfg.speculative_algorithm),
         num_draft_tokens=cfg.speculative_num_draft_tokens,
         ngram_min_window=cfg.speculative_ngram_min_match_window_size,
         ngram_max_window=cfg.speculative_ngram_max_match_window_size,
         # Keep verification steps on the C decode step where it runs (it takes MAX_ROWS rows).
-        max_step_rows=MAX_ROWS if getattr(rm.runner, "cpu_decoder", None) is not None else None,
+        max_step_rows=MAX_ROWS if c_step else None,
+        row_cost=row_cost,
     )
     if opts.algorithm == "ngram":
         from sgl.runtime.speculative.ngram import NgramProposer
@@ -193,7 +202,7 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
         ),
         rm.runner, kv, rm.tokenizer, eos, grammar_compiler=LazyGrammarCompiler(rm.tokenizer, eos, cfg),
         device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers, rm.host_pool, rm.pool),
-        speculator=speculator(cfg, rm),
+        speculator=speculator(cfg, rm, table),
     )
     from sgl.runtime.disaggregation import build_role
 
