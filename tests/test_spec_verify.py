@@ -172,7 +172,7 @@ def test_draft_policy_follows_acceptance_and_row_cost() -> None:
     cheap, dear = DraftPolicy(0.05), DraftPolicy(1.0)
     assert cheap.lengths([1], [4]) == [3]  # p = 0.5 prior: the 4th draft (q = 1/16) does not pay
     assert dear.lengths([1], [4]) == [0]  # a row costs a whole step: only certainty would pay
-    for _ in range(6):  # request 1 copies its context: every draft stands
+    for _ in range(12):  # request 1 copies its context: every draft stands
         cheap.observe(1, 4, 4)
         cheap.observe(2, 4, 0)  # request 2 never matches
     got = cheap.lengths([1, 2], [4, 4])
