@@ -180,4 +180,4 @@ def test_draft_policy_follows_acceptance_and_row_cost() -> None:
     probes = [cheap.lengths([2], [4])[0] for _ in range(PROBE_EVERY)]
     assert probes.count(1) == 1 and probes.count(0) == PROBE_EVERY - 1  # probed once in a while
     cheap.release(2)
-    assert cheap.lengths([2], [4]) == [4]  # a new request starts from the prior
+    assert cheap.lengths([2], [4]) == [3]  # a new request starts from the prior
