@@ -16,7 +16,7 @@ request's decode step yields: 1 = no gain), accept rate of drafts, and the speed
 compared token for token (greedy: they must be identical; a mismatch is printed).
 
 Run: .venv/bin/python benchmarks/bench_spec.py [--dtype auto] [--max-new-tokens 160]
-     [--draft-tokens 4] [--batches 1 8] [--no-draft]
+     [--draft-tokens 4] [--batches 1 8] [--no-draft] [--draft-policy adaptive|always]
 """
 
 from __future__ import annotations
@@ -126,14 +126,17 @@ def main() -> int:
     ap.add_argument("--draft-tokens", type=int, default=4)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--no-draft", action="store_true", help="skip the draft-model rows")
+    ap.add_argument("--draft-policy", default="adaptive", choices=("adaptive", "always"))
     args = ap.parse_args()
     print(f"cpu: {cpu_model()}\nflags: {cpu_flags()}")
     engines: dict[str, dict[str, Any]] = {
         "off": {},
-        "ngram": {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": args.draft_tokens},
+        "ngram": {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": args.draft_tokens,
+                  "speculative_draft_policy": args.draft_policy},
     }
     if not args.no_draft:
         engines["draft"] = {"speculative_algorithm": "draft", "speculative_num_draft_tokens": args.draft_tokens,
+                            "speculative_draft_policy": args.draft_policy,
                             "speculative_draft_model_path": str(embedded_gguf_path())}
     res = {label: run_engine(label, kw, args) for label, kw in engines.items()}
     rows = []

@@ -51,7 +51,8 @@ def cases(eng: Engine) -> list[tuple[str, dict]]:
 
 @pytest.fixture(scope="module")
 def spec_engine():
-    eng = Engine(max_total_tokens=8192, speculative_algorithm="ngram", speculative_num_draft_tokens=4)
+    eng = Engine(max_total_tokens=8192, speculative_algorithm="ngram", speculative_num_draft_tokens=4,
+                 speculative_draft_policy="always")
     yield eng
     eng.shutdown()
 

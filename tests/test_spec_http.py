@@ -23,6 +23,7 @@ COPY = ("Copy this list exactly: apples, pears, plums, cherries, apricots, peach
 def server():
     # The embedded model drafts for itself: every draft is accepted (the overhead ceiling).
     srv = start_server("--max-total-tokens", "4096", "--speculative-algorithm", "STANDALONE",
+                       "--speculative-draft-policy", "always",
                        "--speculative-draft-model-path", str(embedded_gguf_path()),
                        "--speculative-num-draft-tokens", "3")
     yield srv

@@ -130,6 +130,9 @@ class EngineConfig(SharedOptions):
     speculative_num_draft_tokens: int = _f(4, "most draft tokens verified per request per decode step")
     speculative_draft_model_path: str | None = _f(None, "the draft model (GGUF file or Hugging Face folder) of "
                                                         "--speculative-algorithm draft; same vocabulary as the model")
+    speculative_draft_policy: str = _f("adaptive", "adaptive: verify only the drafts worth it, from each request's "
+                                                   "acceptance so far and a draft row's cost measured at start; "
+                                                   "always: every proposed draft", ("adaptive", "always"))
     speculative_ngram_min_match_window_size: int = _f(1, "ngram: fewest trailing tokens that must match earlier "
                                                          "context to propose what followed")
     speculative_ngram_max_match_window_size: int = _f(12, "ngram: most trailing tokens compared when matching")

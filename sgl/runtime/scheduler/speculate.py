@@ -110,6 +110,7 @@ class Speculator:
             **s,
             "spec_algorithm": self.opts.algorithm,
             "spec_num_draft_tokens": self.opts.num_draft_tokens,
+            "spec_row_cost": self.opts.row_cost,  # None: every proposed draft is verified
             "spec_accept_rate": s["spec_accepted_tokens_total"] / drafted if drafted else 0.0,
             # tokens one request's decode step yields on average (1.0: no gain)
             "spec_accept_length": 1.0 + s["spec_accepted_tokens_total"] / steps if steps else 0.0,

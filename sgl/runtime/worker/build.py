@@ -142,7 +142,8 @@ def speculator(cfg: EngineConfig, rm: RankModel, table: Any) -> Any:
 
     c_step = getattr(rm.runner, "cpu_decoder", None) is not None
     row_cost = None
-    if rm.tp.size == 1:  # with tensor parallelism a lone forward here would wait on the other ranks
+    # With tensor parallelism a lone forward here would wait on the other ranks: no gating.
+    if cfg.speculative_draft_policy == "adaptive" and rm.tp.size == 1:
         from sgl.runtime.speculative.calibrate import measure_row_cost
 
         rows = MAX_ROWS if c_step else cfg.speculative_num_draft_tokens + 1
