@@ -73,41 +73,34 @@ static float dot(const bf16 *w, const bf16 *x, int n) {
 #define MAX_SIMD_ROWS 8
 
 #ifdef SGL_AVX2_SIMD
-/* sums[r] = W row w . X row r for R rows (R <= 2: 4R accumulators and 4 widened weight
- * vectors fill the 16 registers). X is pre-split (split_row), row stride xs floats,
+/* sums[r] = W row w . X row r for R rows (R <= 3: 4R accumulators, two widened weight
+ * vectors and the mask fit the 16 registers). X is pre-split (split_row), row stride xs floats,
  * zero-padded to a multiple of 32. Per row: four accumulators (even and odd elements of
  * each 16-element half of a 32-element step), the weight tail zero-padded into a last
  * step, then (a0 + a1) + (a2 + a3) and the lanes in a fixed order: the same operations
  * whatever R, so a row's sum does not depend on the rows grouped with it. */
 static inline __attribute__((always_inline)) void gemv_group(int R, const bf16 *w, const float *xf, int64_t xs,
                                                              int in, float *sums) {
-    __m256 a[2][4], e0, o0, e1, o1;
+    __m256 a[3][4], e, o;
     for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 32 <= in; k += 32) {
-        split16(w + k, &e0, &o0);
-        split16(w + k + 16, &e1, &o1);
-        for (int r = 0; r < R; r++) {
-            const float *x = xf + r * xs + k;
-            a[r][0] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(x), a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(x + 8), a[r][1]);
-            a[r][2] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(x + 16), a[r][2]);
-            a[r][3] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(x + 24), a[r][3]);
-        }
+    /* one 32-element step: per 16-element half h, accumulators 2h (even) and 2h + 1 (odd) */
+#define GEMV_STEP(wk, k)                                                                      \
+    for (int h = 0; h < 2; h++) {                                                             \
+        split16((wk) + 16 * h, &e, &o);                                                       \
+        for (int r = 0; r < R; r++) {                                                         \
+            const float *x = xf + r * xs + (k) + 16 * h;                                      \
+            a[r][2 * h] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x), a[r][2 * h]);                \
+            a[r][2 * h + 1] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x + 8), a[r][2 * h + 1]);    \
+        }                                                                                     \
     }
-    if (k < in) {
+    int k = 0;
+    for (; k + 32 <= in; k += 32) GEMV_STEP(w + k, k)
+    if (k < in) { /* the tail, zero-padded: zero products leave the sums as they are */
         bf16 tail[32] = {0};
         memcpy(tail, w + k, sizeof(bf16) * (in - k));
-        split16(tail, &e0, &o0);
-        split16(tail + 16, &e1, &o1);
-        for (int r = 0; r < R; r++) {
-            const float *x = xf + r * xs + k;
-            a[r][0] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(x), a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(x + 8), a[r][1]);
-            a[r][2] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(x + 16), a[r][2]);
-            a[r][3] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(x + 24), a[r][3]);
-        }
+        GEMV_STEP(tail, k)
     }
+#undef GEMV_STEP
     for (int r = 0; r < R; r++)
         sums[r] = hsum8(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
 }
@@ -117,6 +110,9 @@ static void gemv_group1(const bf16 *w, const float *xf, int64_t xs, int in, floa
 }
 static void gemv_group2(const bf16 *w, const float *xf, int64_t xs, int in, float *sums) {
     gemv_group(2, w, xf, xs, in, sums);
+}
+static void gemv_group3(const bf16 *w, const float *xf, int64_t xs, int in, float *sums) {
+    gemv_group(3, w, xf, xs, in, sums);
 }
 
 /* Floats per pre-split X row for an input of `in`: padded to whole 32-element steps. */
@@ -136,11 +132,13 @@ static void gemv_rows(const bf16 *W, const bf16 *X, const float *XF, int B, int 
 #ifdef SGL_AVX2_SIMD
         /* the row of W is read from memory by the first group, from L1 by the others */
         int64_t xs = split_stride(in);
-        float sums[2];
-        for (int b = 0; b < B; b += 2) {
-            if (b + 1 < B) gemv_group2(w, XF + b * xs, xs, in, sums);
+        float sums[3];
+        for (int b = 0; b < B; b += 3) {
+            int R = B - b < 3 ? B - b : 3;
+            if (R == 3) gemv_group3(w, XF + b * xs, xs, in, sums);
+            else if (R == 2) gemv_group2(w, XF + b * xs, xs, in, sums);
             else gemv_group1(w, XF + b * xs, xs, in, sums);
-            for (int r = 0; r < 2 && b + r < B; r++) Y[(int64_t)(b + r) * out + o] = f2bf(sums[r] + bo);
+            for (int r = 0; r < R; r++) Y[(int64_t)(b + r) * out + o] = f2bf(sums[r] + bo);
         }
         continue;
 #endif
