@@ -38,28 +38,6 @@ static inline __m512 dot_acc(__m512 acc, const bf16 *w, const bf16 *x, int n) {
 }
 #endif
 
-#ifdef SGL_AVX2_SIMD
-/* Lanes of the products w[0, n) . x, x pre-split by split_row (zero-padded to 16): two
- * accumulators, even and odd elements, added at the end. */
-static inline __m256 dotv(const bf16 *w, const float *xf, int n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), e, o;
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        split16(w + k, &e, &o);
-        a0 = _mm256_fmadd_ps(e, _mm256_loadu_ps(xf + k), a0);
-        a1 = _mm256_fmadd_ps(o, _mm256_loadu_ps(xf + k + 8), a1);
-    }
-    if (k < n) {
-        bf16 tail[16] = {0};
-        memcpy(tail, w + k, sizeof(bf16) * (n - k));
-        split16(tail, &e, &o);
-        a0 = _mm256_fmadd_ps(e, _mm256_loadu_ps(xf + k), a0);
-        a1 = _mm256_fmadd_ps(o, _mm256_loadu_ps(xf + k + 8), a1);
-    }
-    return _mm256_add_ps(a0, a1);
-}
-#endif
-
 static float dot(const bf16 *w, const bf16 *x, int n) {
 #ifdef SGL_BF16_SIMD
     return _mm512_reduce_add_ps(dot_acc(_mm512_setzero_ps(), w, x, n));

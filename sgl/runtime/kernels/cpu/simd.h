@@ -84,6 +84,26 @@ static inline void split_row(const bf16 *x, int n, float *xf) {
     }
 }
 
+/* Lanes of the products w[0, n) . x, x pre-split by split_row (zero-padded to 16): two
+ * accumulators, even and odd elements, added at the end. */
+static inline __m256 dotv(const bf16 *w, const float *xf, int n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), e, o;
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        split16(w + k, &e, &o);
+        a0 = _mm256_fmadd_ps(e, _mm256_loadu_ps(xf + k), a0);
+        a1 = _mm256_fmadd_ps(o, _mm256_loadu_ps(xf + k + 8), a1);
+    }
+    if (k < n) {
+        bf16 tail[16] = {0};
+        memcpy(tail, w + k, sizeof(bf16) * (n - k));
+        split16(tail, &e, &o);
+        a0 = _mm256_fmadd_ps(e, _mm256_loadu_ps(xf + k), a0);
+        a1 = _mm256_fmadd_ps(o, _mm256_loadu_ps(xf + k + 8), a1);
+    }
+    return _mm256_add_ps(a0, a1);
+}
+
 /* Sum of the 8 lanes, always in the same order. */
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
