@@ -100,8 +100,9 @@ class Kernels:
         self.lib = lib  # calls look functions up here each time (profile_engine.py wraps them)
 
     # ---- decode step
-    def decode_simd(self) -> bool:
-        return bool(self.lib.sgl_decode_simd())
+    def decode_simd(self) -> int:
+        """The decode step's vector code in this build: 0 plain C, 1 AVX512-BF16, 2 AVX2+FMA."""
+        return int(self.lib.sgl_decode_simd())
 
     def decode_fields(self) -> int:
         return int(self.lib.sgl_decode_fields())

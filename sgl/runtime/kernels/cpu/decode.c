@@ -5,7 +5,8 @@
  * (embedding, 30 x [RMSNorm, QKV, RoPE, KV write, attention over the pool, O, residual,
  * RMSNorm, gate/up, SiLU*up, down, residual], final norm, vocab projection) is one call:
  * no per-op dispatch, and the matrix-vector products stream each weight row once with
- * AVX512-BF16 dot products (fp32 accumulation) where the CPU has them.
+ * AVX512-BF16 dot products (fp32 accumulation) where the CPU has them, else with bf16
+ * widened to fp32 and fp32 FMAs (AVX2 + FMA), else in plain C.
  *
  * Rounding follows the torch path: activations are rounded to bf16 after every op that
  * rounds there (norm, projections, RoPE terms, residual adds, SiLU, product); the norms,
@@ -49,15 +50,76 @@ static float dot(const bf16 *w, const bf16 *x, int n) {
 
 #define MAX_SIMD_ROWS 8
 
+#ifdef SGL_AVX2_SIMD
+/* sums[r] = W row w . X row r for R rows (R <= 3: 4R accumulators, two widened weight
+ * vectors and the mask fit the 16 registers). X is pre-split (split_row), row stride xs floats,
+ * zero-padded to a multiple of 32. Per row: four accumulators (even and odd elements of
+ * each 16-element half of a 32-element step), the weight tail zero-padded into a last
+ * step, then (a0 + a1) + (a2 + a3) and the lanes in a fixed order: the same operations
+ * whatever R, so a row's sum does not depend on the rows grouped with it. */
+static inline __attribute__((always_inline)) void gemv_group(int R, const bf16 *w, const float *xf, int64_t xs,
+                                                             int in, float *sums) {
+    __m256 a[3][4], e, o;
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
+    /* one 32-element step: per 16-element half h, accumulators 2h (even) and 2h + 1 (odd) */
+#define GEMV_STEP(wk, k)                                                                      \
+    for (int h = 0; h < 2; h++) {                                                             \
+        split16((wk) + 16 * h, &e, &o);                                                       \
+        for (int r = 0; r < R; r++) {                                                         \
+            const float *x = xf + r * xs + (k) + 16 * h;                                      \
+            a[r][2 * h] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x), a[r][2 * h]);                \
+            a[r][2 * h + 1] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x + 8), a[r][2 * h + 1]);    \
+        }                                                                                     \
+    }
+    int k = 0;
+    for (; k + 32 <= in; k += 32) GEMV_STEP(w + k, k)
+    if (k < in) { /* the tail, zero-padded: zero products leave the sums as they are */
+        bf16 tail[32] = {0};
+        memcpy(tail, w + k, sizeof(bf16) * (in - k));
+        GEMV_STEP(tail, k)
+    }
+#undef GEMV_STEP
+    for (int r = 0; r < R; r++)
+        sums[r] = hsum8(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
+}
+
+static void gemv_group1(const bf16 *w, const float *xf, int64_t xs, int in, float *sums) {
+    gemv_group(1, w, xf, xs, in, sums);
+}
+static void gemv_group2(const bf16 *w, const float *xf, int64_t xs, int in, float *sums) {
+    gemv_group(2, w, xf, xs, in, sums);
+}
+static void gemv_group3(const bf16 *w, const float *xf, int64_t xs, int in, float *sums) {
+    gemv_group(3, w, xf, xs, in, sums);
+}
+
+/* Floats per pre-split X row for an input of `in`: padded to whole 32-element steps. */
+static inline int split_stride(int in) { return (in + 31) / 32 * 32; }
+#endif
+
 /* y[b, o] = bf16(sum_k W[o, k] x[b, k] (+ bias[o])) for B rows; W streamed once, row by
  * row in address order (interleaving several rows' streams measured ~2x slower here).
  * Every row is summed in the same order whatever B is (even and odd 32-wide chunks in two
  * accumulators, then the tail), so a request's logits do not depend on its batch. */
-static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y,
-                      int lo, int hi) {
+static void gemv_rows(const bf16 *W, const bf16 *X, const float *XF, int B, int out, int in, const bf16 *bias,
+                      bf16 *Y, int lo, int hi) {
+    (void)XF;
     for (int o = lo; o < hi; o++) {
         const bf16 *w = W + (int64_t)o * in;
         float bo = bias ? bf2f(bias[o]) : 0.f;
+#ifdef SGL_AVX2_SIMD
+        /* the row of W is read from memory by the first group, from L1 by the others */
+        int64_t xs = split_stride(in);
+        float sums[3];
+        for (int b = 0; b < B; b += 3) {
+            int R = B - b < 3 ? B - b : 3;
+            if (R == 3) gemv_group3(w, XF + b * xs, xs, in, sums);
+            else if (R == 2) gemv_group2(w, XF + b * xs, xs, in, sums);
+            else gemv_group1(w, XF + b * xs, xs, in, sums);
+            for (int r = 0; r < R; r++) Y[(int64_t)(b + r) * out + o] = f2bf(sums[r] + bo);
+        }
+        continue;
+#endif
 #ifdef SGL_BF16_SIMD
         if (B <= MAX_SIMD_ROWS) {
             __m512 a0[MAX_SIMD_ROWS], a1[MAX_SIMD_ROWS];
@@ -86,6 +148,7 @@ static void gemv_rows(const bf16 *W, const bf16 *X, int B, int out, int in, cons
 
 typedef struct {
     const bf16 *W, *X, *bias;
+    const float *XF; /* X pre-split (AVX2 builds) */
     bf16 *Y;
     int B, out, in;
 } GemvJob;
@@ -93,17 +156,30 @@ typedef struct {
 static void gemv_chunk(void *arg, int c) {
     GemvJob *j = (GemvJob *)arg;
     int lo = c * GEMV_CHUNK, hi = lo + GEMV_CHUNK < j->out ? lo + GEMV_CHUNK : j->out;
-    gemv_rows(j->W, j->X, j->B, j->out, j->in, j->bias, j->Y, lo, hi);
+    gemv_rows(j->W, j->X, j->XF, j->B, j->out, j->in, j->bias, j->Y, lo, hi);
 }
 
 static __thread int g_team; /* this step holds the two-thread team */
 
+static __thread float *g_xf; /* this step's scratch for pre-split X rows */
+
 static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y) {
+    float *xf = g_xf;
+#ifdef SGL_AVX2_SIMD
+    /* widen X once per product, not once per weight row */
+    int xs = split_stride(in);
+    for (int b = 0; b < B; b++) {
+        float *r = xf + (int64_t)b * xs;
+        split_row(X + (int64_t)b * in, in, r);
+        int n16 = (in + 15) / 16 * 16;
+        memset(r + n16, 0, sizeof(float) * (xs - n16));
+    }
+#endif
     if (!g_team || out < 2 * GEMV_CHUNK) {
-        gemv_rows(W, X, B, out, in, bias, Y, 0, out);
+        gemv_rows(W, X, xf, B, out, in, bias, Y, 0, out);
         return;
     }
-    GemvJob j = {W, X, bias, Y, B, out, in};
+    GemvJob j = {W, X, bias, xf, Y, B, out, in};
     team_run(gemv_chunk, &j, (out + GEMV_CHUNK - 1) / GEMV_CHUNK);
 }
 
@@ -111,7 +187,16 @@ static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf1
 static float exp_shift(float *s, int n, float mx) {
     float sum = 0.f;
     int j = 0;
-#ifdef SGL_BF16_SIMD
+#if defined(SGL_AVX2_SIMD)
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 vs = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+        _mm256_storeu_ps(s + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    sum = hsum8(vs);
+#elif defined(SGL_BF16_SIMD)
     const __m512 m = _mm512_set1_ps(mx);
     __m512 vs = _mm512_setzero_ps();
     for (; j + 16 <= n; j += 16) {
@@ -146,11 +231,29 @@ static inline __m512 hsum16(const __m512 *v) {
 }
 #endif
 
-/* scores[j] = scale * (q . K[slots[j], g]) for j < len. */
+/* scores[j] = scale * (q . K[slots[j], g]) for j < len. qf: scratch of d + 16 floats. */
 static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int len, int nkv, int g, int d,
-                       float scale, float *scores) {
+                       float scale, float *scores, float *qf) {
     int j = 0;
-#ifdef SGL_BF16_SIMD
+    (void)qf;
+#if defined(SGL_AVX2_SIMD)
+    /* keys in groups of 8, the last group padded with zero vectors: every key's sum is
+     * reduced by the same tree whatever len is */
+    split_row(q, d, qf);
+    __m256 part[8];
+    for (; j < len; j += 8) {
+        int cnt = len - j < 8 ? len - j : 8;
+        for (int jj = 0; jj < 8; jj++)
+            part[jj] = jj < cnt ? dotv(K + (slots[j + jj] * nkv + g) * d, qf, d) : _mm256_setzero_ps();
+        __m256 sc = _mm256_mul_ps(hsum8x8(part), _mm256_set1_ps(scale));
+        if (cnt == 8) _mm256_storeu_ps(scores + j, sc);
+        else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, sc);
+            memcpy(scores + j, tmp, sizeof(float) * cnt);
+        }
+    }
+#elif defined(SGL_BF16_SIMD)
     __m512 part[16];
     for (; j + 16 <= len; j += 16) {
         for (int jj = 0; jj < 16; jj++)
@@ -162,7 +265,7 @@ static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int l
 }
 
 /* Attention of one token's `nh` query heads over its `len` cached slots (GQA groups
- * share each K/V row). scores: scratch of group * len floats; acc: (group + 1) * d floats. */
+ * share each K/V row). scores: scratch of group * len floats; acc: (group + 2) * d + 16 floats. */
 static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len,
                    int nh, int nkv, int d, float *scores, float *acc, bf16 *out) {
     int group = nh / nkv;
@@ -170,7 +273,7 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
     for (int g = 0; g < nkv; g++) {
         for (int r = 0; r < group; r++) {
             float *s = scores + r * len, mx = -INFINITY;
-            key_scores(q + (int64_t)(g * group + r) * d, K, slots, len, nkv, g, d, scale, s);
+            key_scores(q + (int64_t)(g * group + r) * d, K, slots, len, nkv, g, d, scale, s, acc + (group + 1) * d);
             for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
             float inv = 1.0f / exp_shift(s, len, mx);
             for (int j = 0; j < len; j++) s[j] *= inv;
@@ -181,6 +284,25 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
         float *vf = acc + group * d; /* one V row widened to float */
         for (int j = 0; j < len; j++) {
             const bf16 *v = V + (slots[j] * nkv + g) * d;
+#ifdef SGL_AVX2_SIMD
+            /* 8 dimensions at a time, widened once for the whole group */
+            int i = 0;
+            for (; i + 8 <= d; i += 8) {
+                __m256 v8 = _mm256_castsi256_ps(
+                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + i))), 16));
+                for (int r = 0; r < group; r++) {
+                    float *ar = a + r * d + i;
+                    _mm256_storeu_ps(ar, _mm256_fmadd_ps(_mm256_set1_ps(scores[r * len + j]), v8, _mm256_loadu_ps(ar)));
+                }
+            }
+            if (i == d) continue;
+            for (int t = i; t < d; t++) vf[t] = bf2f(v[t]);
+            for (int r = 0; r < group; r++) {
+                float p = scores[r * len + j], *ar = a + r * d;
+                for (int t = i; t < d; t++) ar[t] = fmaf(p, vf[t], ar[t]);
+            }
+            continue;
+#endif
             for (int i = 0; i < d; i++) vf[i] = bf2f(v[i]);
             for (int r = 0; r < group; r++) {
                 float p = scores[r * len + j], *ar = a + r * d;
@@ -197,19 +319,34 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
 int sgl_decode_fields(void) { return SGL_L_FIELDS; }
 
 int sgl_decode_simd(void) {
-#ifdef SGL_BF16_SIMD
+#if defined(SGL_BF16_SIMD)
     return 1;
+#elif defined(SGL_AVX2_SIMD)
+    return 2;
 #else
     return 0;
 #endif
 }
 
+/* The widest input of the step's products (hidden, nh * d or inter). */
+static int max_in(const sgl_decode_model *m) {
+    int n = m->hidden > m->nh * m->d ? m->hidden : m->nh * m->d;
+    return n > m->inter ? n : m->inter;
+}
+
+/* bf16 elements of the workspace before the float scratch for pre-split X rows, rounded
+ * up to 16 (32 bytes). */
+static int64_t ws_bf16(const sgl_decode_model *m, int rows) {
+    int64_t n = (int64_t)rows * (3 * m->hidden + (m->nh + 2 * m->nkv) * m->d + m->nh * m->d + 3 * m->inter + m->vocab);
+    return (n + 15) / 16 * 16;
+}
+
 /* Workspace sizes for `rows` rows: bf16 elements and float elements. */
 int64_t sgl_decode_ws(const sgl_decode_model *m, int rows) {
-    return (int64_t)rows * (3 * m->hidden + (m->nh + 2 * m->nkv) * m->d + m->nh * m->d + 3 * m->inter + m->vocab);
+    return ws_bf16(m, rows) + 2 * (int64_t)rows * ((max_in(m) + 31) / 32 * 32); /* two bf16 per float */
 }
 int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
-    return (int64_t)(m->nh + 1) * m->d + (int64_t)(m->nh / m->nkv) * max_len;
+    return (int64_t)(m->nh + 2) * m->d + 16 + (int64_t)(m->nh / m->nkv) * max_len;
 }
 
 sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt) {
@@ -224,7 +361,8 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
     bf16 *gu = att + B * nh * d, *act = gu + B * 2 * inter, *tmp = act + B * inter;
     bf16 *lb = tmp + B * hidden;
-    float *acc = bt->fws, *scores = acc + (nh + 1) * d;
+    float *acc = bt->fws, *scores = acc + (nh + 2) * d + 16;
+    g_xf = (float *)(bt->ws + ws_bf16(m, B));
     for (int b = 0; b < B; b++)
         memcpy(x + b * hidden, m->embed + bt->input_ids[b] * hidden, sizeof(bf16) * hidden);
     for (int l = 0; l < m->n_layers; l++) {

@@ -49,7 +49,7 @@ typedef struct {
 } sgl_decode_batch;
 
 int sgl_decode_fields(void);
-int sgl_decode_simd(void);
+int sgl_decode_simd(void); /* 0: plain C, 1: AVX512-BF16, 2: AVX2 + FMA */
 int64_t sgl_decode_ws(const sgl_decode_model *m, int rows);
 int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len);
 sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *b);

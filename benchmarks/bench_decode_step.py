@@ -1,0 +1,96 @@
+"""One C decode step (kernels/cpu/decode.c) of the embedded SmolLM2-135M in bf16, timed per
+build variant and batch size: the figures behind the AVX2 path's speed-up.
+
+Each variant is the same sources compiled with another `-march` (binding.kernels(march)),
+bound in this process side by side: `x86-64-v2` is the plain-C build (no AVX2, no
+AVX512), `native` the one the engine uses on this host (AVX2+FMA on Zen 2/3, AVX512-BF16
+where present). Rows are B requests of `--context` cached tokens each (the pool holds
+zeros: timing only), decoded together in one step. Variants and batch sizes are
+interleaved over `--reps` rounds and the median per-step time of each is printed, so a
+busy neighbour on a shared host moves all figures alike.
+
+Run: .venv/bin/python benchmarks/bench_decode_step.py [--marches x86-64-v2,native] [--rows 1,2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_model, print_table  # noqa: E402
+
+from sgl.runtime.executor.forward_batch import ForwardBatch  # noqa: E402
+from sgl.runtime.kernels.cpu import binding  # noqa: E402
+from sgl.runtime.kernels.cpu.decode import CpuDecoder  # noqa: E402
+from sgl.runtime.memory.kv_pool import KVPool  # noqa: E402
+from sgl.runtime.models.loader import load_model  # noqa: E402
+
+_ISA = {0: "plain C", 1: "AVX512-BF16", 2: "AVX2+FMA"}
+
+
+def _batch(rows: int, context: int, r2t: torch.Tensor) -> ForwardBatch:
+    """`rows` requests with `context - 1` cached slots each, adding their next token."""
+    for r in range(rows):
+        r2t[r, :context] = torch.arange(1 + r * context, 1 + (r + 1) * context)
+    locs = [int(r2t[r, context - 1]) for r in range(rows)]
+    return ForwardBatch.build([100 + r for r in range(rows)], locs, list(range(rows)), [context - 1] * rows,
+                              [1] * rows, r2t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--marches", default="x86-64-v2,native")
+    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--context", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2, choices=(1, 2))
+    ap.add_argument("--steps", type=int, default=10, help="steps per timing")
+    ap.add_argument("--reps", type=int, default=5, help="timings per (variant, rows); the median is kept")
+    args = ap.parse_args()
+    marches = args.marches.split(",")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    model = load_model(dtype="bfloat16").model
+    c = model.config
+    pool = KVPool(max(rows_list) * args.context + 8, c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
+    r2t = torch.zeros(max(rows_list), args.context + 8, dtype=torch.int64)
+    decoders = {}
+    for m in marches:
+        lib = binding.kernels(m)
+        if lib is None:
+            sys.exit(f"cannot build the kernel library for -march={m}")
+        decoders[m] = (CpuDecoder(model, lib, args.threads), _ISA.get(lib.decode_simd(), "?"))
+    batches = {b: _batch(b, args.context, r2t) for b in rows_list}
+    times: dict[tuple[str, int], list[float]] = {(m, b): [] for m in marches for b in rows_list}
+    for m in marches:  # warm up: binds the pool, sizes the workspaces, faults the weights in
+        for b in rows_list:
+            decoders[m][0].forward(batches[b], pool)
+    for _ in range(args.reps):
+        for b in rows_list:
+            for m in marches:
+                dec = decoders[m][0]
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    dec.forward(batches[b], pool)
+                times[(m, b)].append((time.perf_counter() - t0) / args.steps * 1e3)
+    print(f"cpu: {cpu_model()}; threads {args.threads}; context {args.context}; median of {args.reps} x "
+          f"{args.steps} steps")
+    table = []
+    for b in rows_list:
+        row: dict[str, object] = {"rows": b}
+        for m in marches:
+            ms = statistics.median(times[(m, b)])
+            row[f"{m} ({decoders[m][1]}) ms"] = ms
+            row[f"{m} tok/s"] = b * 1e3 / ms
+        if len(marches) == 2:
+            row["speed-up"] = statistics.median(times[(marches[0], b)]) / statistics.median(times[(marches[1], b)])
+        table.append(row)
+    print_table("C decode step per build variant", table)
+
+
+if __name__ == "__main__":
+    main()
