@@ -76,8 +76,8 @@ def prompts(eng: Engine, task: str, n: int) -> list[str]:
         elif task == "code_continue":
             out.append(CODE + f"\n    # variant {i}\n    def div(self, other: \"Vector\") -> \"Vector\":\n")
         elif task == "summarize_quotes":
-            out.append(chat(f"Summarize this text in three sentences, quoting its own words where you can "
-                            f"(reader {i}).\n\n" + DOC))
+            out.append(chat(f"Summarize this text for reader {i}: quote its three most important sentences "
+                            f"word for word, each on its own line, then add one sentence of your own.\n\n" + DOC))
         elif task == "free_story":
             out.append(chat(f"Write an imaginative short story about {name} discovering a hidden door in {city}."))
         else:

@@ -82,3 +82,23 @@ def test_greedy_outputs_identical_with_and_without_speculation(engine: Engine, s
     info = spec_engine.get_server_info()
     assert info["spec_algorithm"] == "ngram" and info["spec_accepted_tokens_total"] > 0
     assert 0 < info["spec_accept_rate"] <= 1 and info["spec_accept_length"] > 1
+
+
+def test_tiny_random_draft_model_is_verified_and_outputs_unchanged(engine: Engine, tmp_path) -> None:
+    """A random-weight draft (the target's vocabulary) is mostly wrong: its drafts go
+    through verification and rejection, and the output is the target's own."""
+    from tests.test_spec_draft_model import write_tiny_draft
+
+    draft = write_tiny_draft(tmp_path / "tiny")
+    cs = cases(engine)[:4]
+    plain = run_pairs(engine, cs)
+    with Engine(max_total_tokens=4096, speculative_algorithm="draft", speculative_draft_model_path=str(draft),
+                speculative_num_draft_tokens=3, speculative_draft_policy="always") as eng:
+        spec = run_pairs(eng, cs)
+        info = eng.get_server_info()
+    for a, b in zip(plain, spec):
+        assert b["output_ids"] == a["output_ids"]
+    drafted = sum(o["meta_info"]["spec_draft_tokens"] for o in spec)
+    accepted = sum(o["meta_info"]["spec_accepted_tokens"] for o in spec)
+    assert drafted > 50 and accepted < drafted
+    assert info["spec_algorithm"] == "draft"
