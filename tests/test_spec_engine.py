@@ -102,3 +102,15 @@ def test_tiny_random_draft_model_is_verified_and_outputs_unchanged(engine: Engin
     accepted = sum(o["meta_info"]["spec_accepted_tokens"] for o in spec)
     assert drafted > 50 and accepted < drafted
     assert info["spec_algorithm"] == "draft"
+
+
+@pytest.mark.slow
+def test_ngram_under_tensor_parallelism_keeps_greedy_output() -> None:
+    """Drafts are extra tokens of the broadcast step: the other rank runs them too."""
+    p = "Copy exactly: red, green, blue, red, green, blue, red, green,"
+    outs = {}
+    for name, kw in (("off", {}), ("ngram", {"speculative_algorithm": "ngram", "speculative_draft_policy": "always"})):
+        with Engine(tp_size=2, dtype="float32", max_total_tokens=2048, **kw) as e:
+            outs[name] = e.generate(p, {"max_new_tokens": 24, "temperature": 0})
+    assert outs["ngram"]["output_ids"] == outs["off"]["output_ids"]
+    assert outs["ngram"]["meta_info"]["spec_accepted_tokens"] > 0
