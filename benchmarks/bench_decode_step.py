@@ -4,7 +4,7 @@ build variant and batch size: the figures behind the AVX2 path's speed-up.
 Each variant is the same sources compiled with another `-march` (binding.kernels(march)),
 bound in this process side by side: `x86-64-v2` is the plain-C build (no AVX2, no
 AVX512), `native` the one the engine uses on this host (AVX2+FMA on Zen 2/3, AVX512-BF16
-where present). Rows are B requests of `--context` cached tokens each decoded together in one
+where present). Rows are B requests of `--context` cached tokens each, decoded together in one
 step. The pool holds random values (timing only): a pool of untouched zero pages maps every
 page to one physical page, which the step reads faster than real K/V. Variants and batch sizes are
 interleaved over `--reps` rounds and the median per-step time of each is printed, so a
