@@ -55,9 +55,9 @@ def main() -> None:
     args = ap.parse_args()
     marches = args.marches.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
-    model = load_model(dtype="bfloat16").model
-    c = model.config
-    pool = KVPool(max(rows_list) * args.context + 8, c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
+    loaded = load_model(dtype="bfloat16")
+    model, c = loaded.model, loaded.config
+    pool = KVPool(max(rows_list) * args.context + 8, c.num_layers, c.num_kv_heads, c.head_dim, torch.bfloat16)
     for t in pool.k_buffers + pool.v_buffers:
         t.normal_(0, 1)
     r2t = torch.zeros(max(rows_list), args.context + 8, dtype=torch.int64)
