@@ -4,8 +4,9 @@ build variant and batch size: the figures behind the AVX2 path's speed-up.
 Each variant is the same sources compiled with another `-march` (binding.kernels(march)),
 bound in this process side by side: `x86-64-v2` is the plain-C build (no AVX2, no
 AVX512), `native` the one the engine uses on this host (AVX2+FMA on Zen 2/3, AVX512-BF16
-where present). Rows are B requests of `--context` cached tokens each (the pool holds
-zeros: timing only), decoded together in one step. Variants and batch sizes are
+where present). Rows are B requests of `--context` cached tokens each, decoded together in one
+step. The pool holds random values (timing only): a pool of untouched zero pages maps every
+page to one physical page, which the step reads faster than real K/V. Variants and batch sizes are
 interleaved over `--reps` rounds and the median per-step time of each is printed, so a
 busy neighbour on a shared host moves all figures alike.
 
@@ -54,9 +55,11 @@ def main() -> None:
     args = ap.parse_args()
     marches = args.marches.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
-    model = load_model(dtype="bfloat16").model
-    c = model.config
-    pool = KVPool(max(rows_list) * args.context + 8, c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
+    loaded = load_model(dtype="bfloat16")
+    model, c = loaded.model, loaded.config
+    pool = KVPool(max(rows_list) * args.context + 8, c.num_layers, c.num_kv_heads, c.head_dim, torch.bfloat16)
+    for t in pool.k_buffers + pool.v_buffers:
+        t.normal_(0, 1)
     r2t = torch.zeros(max(rows_list), args.context + 8, dtype=torch.int64)
     decoders = {}
     for m in marches:

@@ -4,6 +4,9 @@ Same logits to bf16 rounding, the same greedy argmax, the same K/V written into 
 pool, for batches of 1-4 requests with different context lengths, on the real model and
 on tiny random models whose shapes hit the kernel's remainder paths (hidden 72, head dim
 24, q/k/v biases). And through the engine: identical greedy text with the kernel on/off.
+Each of decode.c's code paths this CPU can run (its own build, AVX2+FMA built explicitly,
+plain C) keeps a request's logits bit-identical whatever shares its step, including k + 1
+speculative rows of the request itself; the AVX2 and plain-C builds agree to bf16 ulps.
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ def test_two_threads_give_bit_identical_logits_also_when_callers_race():
 
 
 def test_portable_build_without_avx512_matches_torch():
-    """CPUs without AVX512-BF16 get the plain-C loops: build that variant explicitly."""
+    """CPUs without AVX2 (and AVX512-BF16) get the plain-C loops: build that variant explicitly."""
     lib = binding.kernels("x86-64-v2")
     if lib is None:
         pytest.skip("cannot build the portable variant here")
@@ -296,7 +299,7 @@ def test_avx2_build_agrees_with_the_plain_c_build():
     """The AVX2+FMA loops (SGL_AVX2_SIMD: bf16 widened by a shift, fp32 FMAs, 8-key score
     groups, exp256) and the plain-C loops compute the same step to bf16 rounding of sums
     taken in another order: same logits within a few bf16 ulps, the same K/V, the same
-    greedy choices; and both agree with torch. Odd shapes hit every tail (in = 72 and 100:
+    greedy choices; and both agree with torch as closely as before. Odd shapes hit every tail (in = 72 and 100:
     a partial 32-element step; head dim 24: a partial 16; contexts not multiples of 8)."""
     avx2, plain = _variant("x86-64-v3"), _variant("x86-64-v2")
     assert avx2.decode_simd() == 2 and plain.decode_simd() == 0
@@ -319,8 +322,10 @@ def test_avx2_build_agrees_with_the_plain_c_build():
     for out in outs:
         assert (out - ref).abs().max().item() < tol
         _assert_same_choice(ref, out, tol)
-    assert (outs[0] - outs[1]).abs().max().item() < tol
-    _assert_same_choice(outs[1], outs[0], tol)
+    # to each other, closer than to torch: at most ~2 bf16 ulps of the largest logit
+    near = 2.0**-6 * max(1.0, ref.abs().max().item())
+    assert (outs[0] - outs[1]).abs().max().item() <= near
+    _assert_same_choice(outs[1], outs[0], near)
     _assert_kv_close(kvs[1], kvs[0])
 
 

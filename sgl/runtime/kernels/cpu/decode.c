@@ -231,6 +231,15 @@ static inline __m512 hsum16(const __m512 *v) {
 }
 #endif
 
+#ifdef SGL_AVX2_SIMD
+/* K/V rows are gathered through the slot table, a stride the hardware prefetcher does not
+ * follow far enough ahead: each loop asks for the row KV_AHEAD keys on. */
+#define KV_AHEAD 16
+static inline void prefetch_row(const bf16 *p, int d) {
+    for (int b = 0; b < d * (int)sizeof(bf16); b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
+}
+#endif
+
 /* scores[j] = scale * (q . K[slots[j], g]) for j < len. qf: scratch of d + 16 floats. */
 static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int len, int nkv, int g, int d,
                        float scale, float *scores, float *qf) {
@@ -243,8 +252,10 @@ static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int l
     __m256 part[8];
     for (; j < len; j += 8) {
         int cnt = len - j < 8 ? len - j : 8;
-        for (int jj = 0; jj < 8; jj++)
+        for (int jj = 0; jj < 8; jj++) {
+            if (j + jj + KV_AHEAD < len) prefetch_row(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d);
             part[jj] = jj < cnt ? dotv(K + (slots[j + jj] * nkv + g) * d, qf, d) : _mm256_setzero_ps();
+        }
         __m256 sc = _mm256_mul_ps(hsum8x8(part), _mm256_set1_ps(scale));
         if (cnt == 8) _mm256_storeu_ps(scores + j, sc);
         else {
@@ -285,6 +296,7 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
         for (int j = 0; j < len; j++) {
             const bf16 *v = V + (slots[j] * nkv + g) * d;
 #ifdef SGL_AVX2_SIMD
+            if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
             /* 8 dimensions at a time, widened once for the whole group */
             int i = 0;
             for (; i + 8 <= d; i += 8) {

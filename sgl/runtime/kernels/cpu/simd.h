@@ -116,7 +116,8 @@ static inline float hsum8(__m256 v) {
 static inline __m256 hsum8x8(const __m256 *v) {
     __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
     __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* lane k: v[k] (k < 4) or v[4 + k]'s half */
+    /* u0: lanes 0-3 the low-half sums of v[0..3], lanes 4-7 their high-half sums; u1: v[4..7] */
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
