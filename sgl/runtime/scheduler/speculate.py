@@ -48,18 +48,21 @@ class Speculator:
         """Give the step's decode requests their drafts and draft slots."""
         if not decode:
             return
+        for req in decode:
+            req.spec_verify_ct += 1
+        self.stats["spec_verify_steps_total"] += len(decode)
+        room = None if self.opts.max_step_rows is None else self.opts.max_step_rows - sum(n for _, n in batch)
+        if room is not None and room <= 0:  # the step already fills the rows of its fast path
+            return
         width = kv.req_to_token.max_context
         budgets = [self.budget(r, width) for r in decode]
         # Ask only for what is worth verifying: a draft model's forward is not free either.
         worth = self.policy.lengths([r.uid for r in decode], budgets)
+        if room is not None:
+            worth = [min(n, room) for n in worth]
         proposals = self.proposer.propose(decode, worth) if any(worth) else [[] for _ in decode]
-        room = None if self.opts.max_step_rows is None else self.opts.max_step_rows - sum(n for _, n in batch)
         for req, drafts, n in zip(decode, proposals, worth):
-            req.spec_verify_ct += 1
-            self.stats["spec_verify_steps_total"] += 1
-            drafts = drafts[:n]
-            if room is not None:
-                drafts = drafts[: max(0, room)]
+            drafts = drafts[: n if room is None else min(n, room)]  # the step's free rows, in request order
             if drafts and req.grammar is not None:
                 drafts = clip_to_grammar(req.grammar, drafts)
             if not drafts:
