@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dsl_bench.py
 	$(BIN)/python benchmarks/bench_grammar.py
 	$(BIN)/python benchmarks/maskbench.py --sample 300
+	$(BIN)/python benchmarks/bench_spec.py
 
 # Peers (llama.cpp, vLLM-CPU) build in their own venvs under benchmarks/.peers (30+ min).
 bench-peers: $(STAMP)
