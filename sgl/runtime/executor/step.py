@@ -122,7 +122,7 @@ class StepExecutor:
         picked = [i for i, j in enumerate(sample_rows) if j >= 0]
         drafted = [i for i in picked if plan.rows[i].sample.draft_ids]  # type: ignore[union-attr]
         if drafted:
-            picked = [i for i in picked if i not in set(drafted)]
+            picked = [i for i in picked if not plan.rows[i].sample.draft_ids]  # type: ignore[union-attr]
             self._verify(plan, logits, sample_rows, drafted, out)
         if picked:
             specs = [s for i in picked if (s := plan.rows[i].sample) is not None]
