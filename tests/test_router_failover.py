@@ -24,6 +24,7 @@ from tests.server_proc import start_server
 pytestmark = [pytest.mark.server, pytest.mark.model, pytest.mark.slow]
 
 N_REQUESTS = 48
+STREAM_TOKENS = 600
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,9 @@ def test_kill_one_of_three_under_load(router, workers):
     try:
         assert client.post("/generate", json={"text": "warm up", "sampling_params": {"max_new_tokens": 1}}
                            ).status_code == 200
+        # Long enough to be still running when the victim dies, on a fast decode step too.
         stream_body = {"text": "Write a long list of fruits:", "stream": True,
-                       "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+                       "sampling_params": {"max_new_tokens": STREAM_TOKENS, "ignore_eos": True}}
         streams, firsts = [], []
         for _ in range(3):
             s = client.send(client.build_request("POST", "/generate", json=stream_body), stream=True)
@@ -95,7 +97,7 @@ def test_kill_one_of_three_under_load(router, workers):
             assert fs[-1] == "[DONE]", text[-500:]
             errors = [json.loads(f)["error"] for f in fs[:-1] if '"error"' in f]
             ends.append("error" if errors else json.loads(fs[-2])["meta_info"]["completion_tokens"])
-        assert sorted(ends, key=str) == [64, 64, "error"], ends
+        assert sorted(ends, key=str) == [STREAM_TOKENS, STREAM_TOKENS, "error"], ends
 
         deadline = time.time() + 30
         while victim.url in client.get("/workers").json()["healthy"]:
