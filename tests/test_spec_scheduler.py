@@ -68,6 +68,17 @@ def prompts(n: int, seed: int = 0) -> dict[str, list[int]]:
     return {f"r{i}": [rng.randrange(3, 60) for _ in range(rng.randrange(1, 30))] for i in range(n)}
 
 
+def run_plain_outputs(s: Scheduler, ps: dict[str, list[int]], max_new: int) -> None:
+    """Submit every prompt, drain (invariants after each step), and check each output is
+    exactly the fake model's plain greedy continuation."""
+    results: dict[str, ReqOutput] = {}
+    for rid, p in ps.items():
+        submit(s, rid, p, max_new, results)
+    run_all(s)
+    for rid, p in ps.items():
+        assert results[rid].output_ids == expected_output(p, max_new), rid
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_outputs_equal_plain_decoding_and_steps_yield_several_tokens(executor: str) -> None:
     prop = OracleProposer()
@@ -99,13 +110,8 @@ def test_rejected_drafts_never_leave_their_kv_behind() -> None:
     so a kept slot of a rejected draft fails the next step."""
     s, ex = make_spec(OracleProposer(wrong_every=1), k=5)
     ps = prompts(6, seed=3)
-    results: dict[str, ReqOutput] = {}
-    for rid, p in ps.items():
-        submit(s, rid, p, 30, results)
-    run_all(s)
-    for rid, p in ps.items():
-        assert results[rid].output_ids == expected_output(p, 30)
-        assert ex.attended  # rows were checked
+    run_plain_outputs(s, ps, 30)
+    assert ex.attended  # rows were checked
     assert_all_free(s)
 
 
@@ -141,12 +147,7 @@ def test_stop_token_inside_accepted_drafts_cuts_there() -> None:
 def test_memory_pressure_retracts_with_drafts_and_all_finish() -> None:
     s, _ = make_spec(OracleProposer(), k=4, num_slots=160)
     ps = prompts(10, seed=5)
-    results: dict[str, ReqOutput] = {}
-    for rid, p in ps.items():
-        submit(s, rid, p, 20, results)
-    run_all(s)
-    for rid, p in ps.items():
-        assert results[rid].output_ids == expected_output(p, 20)
+    run_plain_outputs(s, ps, 20)
     assert s.stats["num_retractions_total"] > 0
     assert_all_free(s)
 
@@ -154,12 +155,7 @@ def test_memory_pressure_retracts_with_drafts_and_all_finish() -> None:
 def test_step_rows_are_capped() -> None:
     s, ex = make_spec(OracleProposer(wrong_every=10**6), k=4, max_step_rows=5)
     ps = prompts(3, seed=7)
-    results: dict[str, ReqOutput] = {}
-    for rid, p in ps.items():
-        submit(s, rid, p, 16, results)
-    run_all(s)
-    for rid, p in ps.items():
-        assert results[rid].output_ids == expected_output(p, 16)
+    run_plain_outputs(s, ps, 16)
     decode_steps = [b for b in ex.batches if all(x > 0 for x in b.prefix_lens_cpu)]
     assert decode_steps and all(b.num_tokens <= 5 for b in decode_steps)
     assert any(b.num_tokens > b.batch_size for b in decode_steps)  # drafts did run
@@ -193,12 +189,7 @@ def test_grammar_clips_drafts_and_output_matches_plain_decoding(executor: str) -
 def test_ngram_proposer_in_the_loop() -> None:
     s, _ = make_spec(NgramProposer(1, 4), k=3)
     ps = prompts(8, seed=11)
-    results: dict[str, ReqOutput] = {}
-    for rid, p in ps.items():
-        submit(s, rid, p * 3, 24, results)  # repetitive prompts: the index finds matches
-    run_all(s)
-    for rid, p in ps.items():
-        assert results[rid].output_ids == expected_output(p * 3, 24)
+    run_plain_outputs(s, {rid: p * 3 for rid, p in ps.items()}, 24)  # repetitive: the index finds matches
     assert s.snapshot()["spec_draft_tokens_total"] > 0
     assert_all_free(s)
 
