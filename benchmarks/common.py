@@ -1,4 +1,4 @@
-"""Benchmark helpers: timing, tables, JSON output, machine bounds (bandwidth, bf16 FLOP/s)."""
+"""Benchmark helpers: timing, tables, JSON output, machine bounds (bandwidth, bf16/fp32 FLOP/s)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,17 @@ def measure_bandwidth_gbs(size_mb: int = 512, reps: int = 5) -> float:
 
 
 def measure_bf16_tflops(n: int = 2048, reps: int = 5) -> float:
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    b = torch.randn(n, n, dtype=torch.bfloat16)
+    return measure_tflops(torch.bfloat16, n, reps)
+
+
+def measure_fp32_tflops(n: int = 2048, reps: int = 5) -> float:
+    return measure_tflops(torch.float32, n, reps)
+
+
+def measure_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    """Square matmul rate in `dtype` (best of `reps`)."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(reps):

@@ -7,9 +7,15 @@ nothing from sgl and nothing outside the standard library besides the peer itsel
 because the peer venvs do not have our package.
 
 JOB.json: {"model": path, "threads": int, "decode_prompt": [ids], "decode_tokens": int,
-           "prefill_prompts": [[ids]...], "shared_prompts": [[ids]...], "new_tokens": int}
+           "prefill_prompts": [[ids]...], "shared_prompts": [[ids]...], "new_tokens": int,
+           "long_prompt": [ids], "long_decode_tokens": int,
+           "stream_prompts": [[ids]...], "stream_tokens": int}
 RESULT:   {"version", "decode_tok_s", "prefill_tok_s", "shared_seconds", "shared_outputs",
-           "cached_tokens" (or null when the peer does not report it), "notes"}
+           "cached_tokens" (or null when the peer does not report it), "long_decode_tok_s",
+           "streams_tok_s", "kernels", "notes"}
+
+Decode at long context is timed like short decode, (t(N+1) - t(1)) / N, but with the long
+prompt's KV kept from a warm-up (each peer's own prefix reuse), so no timing pays its prefill.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ def run_llamacpp(job: dict) -> dict:
     from llama_cpp import Llama
 
     n = job["threads"]
-    llm = Llama(model_path=job["model"], n_ctx=2048, n_batch=1024, n_ubatch=1024, n_threads=n,
+    n_ctx = max(2048, len(job["long_prompt"]) + job["long_decode_tokens"] + 8,
+                max(map(len, job["stream_prompts"])) + job["stream_tokens"] + 8)
+    llm = Llama(model_path=job["model"], n_ctx=n_ctx, n_batch=1024, n_ubatch=1024, n_threads=n,
                 n_threads_batch=n, verbose=False)
 
     def gen(ids: list[int], k: int) -> list[int]:
@@ -68,8 +76,19 @@ def run_llamacpp(job: dict) -> dict:
     t0 = time.perf_counter()
     outs = [gen(p, job["new_tokens"]) for p in shared]
     secs = time.perf_counter() - t0
+
+    lp, lk = job["long_prompt"], job["long_decode_tokens"]
+    fresh(lp, 2)  # the long prompt's KV stays; later calls re-evaluate only its last token
+    long_decode = lk / max(_best(lambda: gen(lp, lk + 1), 2) - _best(lambda: gen(lp, 1), 2), 1e-9)
+
+    t0 = time.perf_counter()
+    for p in job["stream_prompts"]:  # the high-level API runs one sequence at a time
+        fresh(p, job["stream_tokens"])
+    streams = len(job["stream_prompts"]) * job["stream_tokens"] / (time.perf_counter() - t0)
     return {"version": llama_cpp.__version__, "decode_tok_s": decode, "prefill_tok_s": prefill,
             "shared_seconds": secs, "shared_outputs": outs, "cached_tokens": None,
+            "long_decode_tok_s": long_decode, "streams_tok_s": streams,
+            "kernels": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
             "notes": "one request at a time; llama.cpp reuses the previous prompt's common prefix"}
 
 
@@ -80,7 +99,9 @@ def run_vllm(job: dict) -> dict:
     import vllm
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job["model"], dtype="bfloat16", enable_prefix_caching=True, max_model_len=2048,
+    max_len = max(2048, len(job["long_prompt"]) + job["long_decode_tokens"] + 8,
+                  max(map(len, job["stream_prompts"])) + job["stream_tokens"] + 8)
+    llm = LLM(model=job["model"], dtype="bfloat16", enable_prefix_caching=True, max_model_len=max_len,
               max_num_seqs=64, seed=0)
 
     def gen(prompts: list[list[int]], k: int) -> list[Any]:
@@ -108,9 +129,18 @@ def run_vllm(job: dict) -> dict:
     res = gen(job["shared_prompts"], job["new_tokens"])
     secs = time.perf_counter() - t0
     cached = [getattr(r, "num_cached_tokens", None) for r in res]
+
+    lp, lk = job["long_prompt"], job["long_decode_tokens"]
+    gen([lp], 2)  # prefix caching keeps the long prompt's full blocks
+    long_decode = lk / max(_best(lambda: gen([lp], lk + 1), 2) - _best(lambda: gen([lp], 1), 2), 1e-9)
+
+    t0 = time.perf_counter()
+    gen(job["stream_prompts"], job["stream_tokens"])
+    streams = len(job["stream_prompts"]) * job["stream_tokens"] / (time.perf_counter() - t0)
     return {"version": vllm.__version__, "decode_tok_s": decode, "prefill_tok_s": prefill,
             "shared_seconds": secs, "shared_outputs": [list(r.outputs[0].token_ids) for r in res],
             "cached_tokens": None if None in cached else sum(cached),
+            "long_decode_tok_s": long_decode, "streams_tok_s": streams, "kernels": "vLLM CPU backend, bf16",
             "notes": "all requests submitted at once; automatic prefix caching on"}
 
 
