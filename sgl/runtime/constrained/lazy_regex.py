@@ -3,10 +3,11 @@
 Compiling is regex -> trimmed byte-level DFA only (dfa_build.py); nothing is computed
 per vocabulary token up front, so a schema whose DFA has thousands of states compiles
 in milliseconds, where a full outlines-core Index costs ~1-2 ms per state. A state's
-mask is computed the first time a request stands in it: every token's bytes are walked
-through the DFA at once with numpy (`VocabWalker`), a token is allowed iff it is still
-alive after its last byte (the DFA is trimmed, so alive = a match is still reachable),
-and EOS iff the state accepts. Masks are cached per state (bit-packed, LRU bounded) in
+mask is computed the first time a request stands in it: the vocabulary's byte trie is
+walked against the DFA in C (token_trie.py; where no C compiler is present, every
+token's bytes are walked at once with numpy, `VocabWalker`), a token is allowed iff it
+is still alive after its last byte (the DFA is trimmed, so alive = a match is still
+reachable), and EOS iff the state accepts. Masks are cached per state (bit-packed, LRU bounded) in
 `CompiledLazyRegex`, shared by all matchers; `LazyRegexGrammar` is one request's
 position (a stack of states, so rollback is a pop). Same interface as RegexGrammar.
 """
@@ -22,6 +23,7 @@ from ..lru import LRU
 from .base import GrammarError
 from .state_stack import TERMINATED, StateStackGrammar
 from .byte_dfa import ByteDFA
+from .token_trie import TokenTrie
 from .vocab import TokenizerInfo
 
 _MAX_FORCED_BYTES = 1024
@@ -37,6 +39,7 @@ class VocabWalker:
     """
 
     def __init__(self, tok: TokenizerInfo) -> None:
+        self.trie = TokenTrie.of(tok)
         ids, lens, mat = tok.byte_table()
         self.ids, self.lens, self.mat = ids, lens, mat
         width = mat.shape[1]
@@ -53,6 +56,11 @@ class VocabWalker:
 
     def allowed(self, trans: np.ndarray, state: int) -> np.ndarray:
         """Bool [vocab_size]: tokens whose bytes all have live transitions from `state`."""
+        if self.trie is not None:
+            return self.trie.allowed(trans, state)
+        return self.allowed_numpy(trans, state)
+
+    def allowed_numpy(self, trans: np.ndarray, state: int) -> np.ndarray:
         out = np.zeros(self.vocab_size, dtype=bool)
         nxt = trans[state][self.first]
         act = np.nonzero(nxt >= 0)[0]
