@@ -14,8 +14,8 @@
  * agree with the eager model to bf16 rounding of the products' sums, taken in another
  * order. Arguments travel in the structs of sgl_kernels.h; all tensors are contiguous.
  * With `threads` = 2 the matrix-vector products split their rows with one helper thread
- * (team.c): one core reads ~22 GB/s here, two ~30 GB/s; attention splits its (row, head)
- * pairs the same way. Everything else runs on the caller's thread.
+ * (team.c): one core reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the
+ * caller's thread.
  */
 #include "rows.h"
 #include "sgl_kernels.h"
@@ -275,62 +275,57 @@ static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int l
     for (; j < len; j++) scores[j] = dot(K + (slots[j] * nkv + g) * d, q, d) * scale;
 }
 
-/* Floats of one lane's attention scratch for contexts up to max_len: scores, the query
- * widened (d + 16), the output accumulator (d), each rounded up to 16 floats. */
-static int64_t lane_floats(int max_len, int d) {
-    return ((int64_t)max_len + 15) / 16 * 16 + (d + 16 + 15) / 16 * 16 + (d + 15) / 16 * 16;
-}
-
-/* Attention of one query head over its `len` cached slots (K/V head g of its GQA group),
- * in `lane` scratch. The sums run in the same order whatever thread runs the head and
- * whatever rows share the step, so a row's output does not depend on either. */
-static void attend_head(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nkv,
-                        int g, int d, float *lane, bf16 *out) {
-    float *s = lane, *qf = s + (len + 15) / 16 * 16, *a = qf + (d + 16 + 15) / 16 * 16;
-    float scale = 1.0f / sqrtf((float)d), mx = -INFINITY;
-    key_scores(q, K, slots, len, nkv, g, d, scale, s, qf);
-    for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
-    float inv = 1.0f / exp_shift(s, len, mx);
-    for (int j = 0; j < len; j++) s[j] *= inv;
-    memset(a, 0, sizeof(float) * d);
-    for (int j = 0; j < len; j++) {
-        const bf16 *v = V + (slots[j] * nkv + g) * d;
-        float p = s[j];
-        int i = 0;
-#ifdef SGL_AVX2_SIMD
-        if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
-        const __m256 p8 = _mm256_set1_ps(p);
-        for (; i + 8 <= d; i += 8) {
-            __m256 v8 = _mm256_castsi256_ps(
-                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + i))), 16));
-            _mm256_storeu_ps(a + i, _mm256_fmadd_ps(p8, v8, _mm256_loadu_ps(a + i)));
+/* Attention of one token's `nh` query heads over its `len` cached slots (GQA groups
+ * share each K/V row). scores: scratch of group * len floats; acc: (group + 2) * d + 16 floats. */
+static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len,
+                   int nh, int nkv, int d, float *scores, float *acc, bf16 *out) {
+    int group = nh / nkv;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int g = 0; g < nkv; g++) {
+        for (int r = 0; r < group; r++) {
+            float *s = scores + r * len, mx = -INFINITY;
+            key_scores(q + (int64_t)(g * group + r) * d, K, slots, len, nkv, g, d, scale, s, acc + (group + 1) * d);
+            for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
+            float inv = 1.0f / exp_shift(s, len, mx);
+            for (int j = 0; j < len; j++) s[j] *= inv;
         }
-        for (; i < d; i++) a[i] = fmaf(p, bf2f(v[i]), a[i]);
-#else
-        for (; i < d; i++) a[i] += p * bf2f(v[i]);
+        /* each V row is read once for the whole group */
+        float *a = acc;
+        memset(a, 0, sizeof(float) * group * d);
+        float *vf = acc + group * d; /* one V row widened to float */
+        for (int j = 0; j < len; j++) {
+            const bf16 *v = V + (slots[j] * nkv + g) * d;
+#ifdef SGL_AVX2_SIMD
+            if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
+            /* 8 dimensions at a time, widened once for the whole group */
+            int i = 0;
+            for (; i + 8 <= d; i += 8) {
+                __m256 v8 = _mm256_castsi256_ps(
+                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + i))), 16));
+                for (int r = 0; r < group; r++) {
+                    float *ar = a + r * d + i;
+                    _mm256_storeu_ps(ar, _mm256_fmadd_ps(_mm256_set1_ps(scores[r * len + j]), v8, _mm256_loadu_ps(ar)));
+                }
+            }
+            if (i == d) continue;
+            for (int t = i; t < d; t++) vf[t] = bf2f(v[t]);
+            for (int r = 0; r < group; r++) {
+                float p = scores[r * len + j], *ar = a + r * d;
+                for (int t = i; t < d; t++) ar[t] = fmaf(p, vf[t], ar[t]);
+            }
+            continue;
 #endif
+            for (int i = 0; i < d; i++) vf[i] = bf2f(v[i]);
+            for (int r = 0; r < group; r++) {
+                float p = scores[r * len + j], *ar = a + r * d;
+                for (int i = 0; i < d; i++) ar[i] += p * vf[i];
+            }
+        }
+        for (int r = 0; r < group; r++) {
+            bf16 *o = out + (int64_t)(g * group + r) * d;
+            for (int i = 0; i < d; i++) o[i] = f2bf(a[r * d + i]);
+        }
     }
-    for (int i = 0; i < d; i++) out[i] = f2bf(a[i]);
-}
-
-/* The step's attention: one chunk per (row, query head), split over the team, each
- * chunk in its thread's lane of the float scratch. At long contexts this is as much
- * work as the weight products, so it must not run on one core. */
-typedef struct {
-    const bf16 *qkv, *K, *V;
-    const int64_t *r2t, *req_rows, *seq_lens;
-    int64_t r2t_stride, lane_n;
-    int qkv_n, nh, nkv, d;
-    float *fws;
-    bf16 *att;
-} AttnJob;
-
-static void attn_chunk(void *arg, int c) {
-    const AttnJob *j = (const AttnJob *)arg;
-    int b = c / j->nh, h = c % j->nh, group = j->nh / j->nkv;
-    attend_head(j->qkv + (int64_t)b * j->qkv_n + (int64_t)h * j->d, j->K, j->V,
-                j->r2t + j->req_rows[b] * j->r2t_stride, (int)j->seq_lens[b], j->nkv, h / group, j->d,
-                j->fws + team_lane() * j->lane_n, j->att + ((int64_t)b * j->nh + h) * j->d);
 }
 
 int sgl_decode_fields(void) { return SGL_L_FIELDS; }
@@ -363,7 +358,7 @@ int64_t sgl_decode_ws(const sgl_decode_model *m, int rows) {
     return ws_bf16(m, rows) + 2 * (int64_t)rows * ((max_in(m) + 31) / 32 * 32); /* two bf16 per float */
 }
 int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
-    return 2 * lane_floats(max_len, m->d); /* one lane per team thread */
+    return (int64_t)(m->nh + 2) * m->d + 16 + (int64_t)(m->nh / m->nkv) * max_len;
 }
 
 sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt) {
@@ -378,6 +373,7 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
     bf16 *gu = att + B * nh * d, *act = gu + B * 2 * inter, *tmp = act + B * inter;
     bf16 *lb = tmp + B * hidden;
+    float *acc = bt->fws, *scores = acc + (nh + 2) * d + 16;
     g_xf = (float *)(bt->ws + ws_bf16(m, B));
     for (int b = 0; b < B; b++)
         memcpy(x + b * hidden, m->embed + bt->input_ids[b] * hidden, sizeof(bf16) * hidden);
@@ -394,11 +390,9 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
             memcpy(K + out_loc[b] * nkv * d, r + nh * d, sizeof(bf16) * nkv * d);
             memcpy(V + out_loc[b] * nkv * d, r + (nh + nkv) * d, sizeof(bf16) * nkv * d);
         }
-        AttnJob aj = {qkv, K, V, bt->req_to_token, bt->req_rows, bt->seq_lens, bt->r2t_stride,
-                      lane_floats(bt->max_len, d), qkv_n, nh, nkv, d, bt->fws, att};
-        if (g_team) team_run(attn_chunk, &aj, B * nh);
-        else
-            for (int c = 0; c < B * nh; c++) attn_chunk(&aj, c);
+        for (int b = 0; b < B; b++)
+            attend(qkv + b * qkv_n, K, V, bt->req_to_token + bt->req_rows[b] * bt->r2t_stride, (int)bt->seq_lens[b],
+                   nh, nkv, d, scores, acc, att + b * nh * d);
         gemv((const bf16 *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
         for (int b = 0; b < B; b++) /* the residual add, then the norm */
             norm_row(x + b * hidden, tmp + b * hidden, (const bf16 *)p[SGL_L_LN2], hidden, eps, xn + b * hidden);
