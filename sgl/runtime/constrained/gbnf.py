@@ -1,4 +1,9 @@
-"""GBNF (llama.cpp / xgrammar EBNF) -> Lark grammar text.
+"""GBNF (llama.cpp / xgrammar EBNF): the parser (text -> syntax tree) and a Lark translation.
+
+The syntax tree (`parse_gbnf`) is what the general CFG route compiles (cfg_rewrite.py,
+cfg_machines.py). The Lark translation below is the older LALR(1) route, kept as an
+independent reading of the same grammar (the grammar tests parse model outputs with Lark
+Earley on it).
 
 GBNF is character-level: `name ::= ...` rules with literals, char classes (negation,
 ranges, escapes), `.`, grouping, `* + ?`, `{m,n}`, `#` comments, and `root` as start.
@@ -441,7 +446,12 @@ def _refs(node: Node) -> set[str]:
 
 def gbnf_to_lark(text: str) -> str:
     """Translate GBNF text to a Lark grammar whose start rule is `start`."""
+    return _Translator(parse_gbnf(text)).to_lark()
+
+
+def parse_gbnf(text: str) -> dict[str, Alt]:
+    """GBNF text -> its rules (name -> body), in definition order."""
     rules = _Parser(text).rules()
     if not rules:
         raise GrammarError("ebnf: empty grammar")
-    return _Translator(rules).to_lark()
+    return rules

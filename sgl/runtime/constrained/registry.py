@@ -126,13 +126,36 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
             if disk is not None:
                 disk.put(disk_key, index)
         return CompiledRegex(index, tok, kind)
+    disk = _disk() if use_disk else None
+    if kind == "ebnf":
+        from .cfg_machines import compile_cfg
+        from .gbnf import parse_gbnf
+
+        return compile_cfg(parse_gbnf(spec), tok, kind, lambda rx: _cached_dfa(rx, kind, disk))
+    return _build_lark(spec, tok, disk)
+
+
+def _build_lark(spec: str, tok: TokenizerInfo, disk: DiskCache | None) -> Any:
+    """LALR(1) with our lexer when Lark can build the table; any other CFG (a conflict)
+    goes the general route (cfg_lark.py -> pushdown machines)."""
     from .lark_grammar import CompiledLark
 
-    if kind == "ebnf":
-        from .gbnf import gbnf_to_lark
+    try:
+        return CompiledLark(spec, tok, kind="lark")
+    except GrammarError as lalr_error:
+        if not _is_conflict(lalr_error):
+            raise
+        from .cfg_lark import ROOT, lark_rules
+        from .cfg_machines import compile_cfg
 
-        return CompiledLark(gbnf_to_lark(spec), tok, kind="ebnf")
-    return CompiledLark(spec, tok, kind="lark")
+        return compile_cfg(lark_rules(spec), tok, "lark", lambda rx: _cached_dfa(rx, "lark", disk),
+                           root=ROOT)
+
+
+def _is_conflict(e: GrammarError) -> bool:
+    """Lark refused the grammar for LALR(1) only (a shift/reduce or reduce/reduce clash)."""
+    msg = str(e).lower()
+    return "collision" in msg or "conflict" in msg
 
 
 def _build_lazy(regex: str, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:

@@ -1,0 +1,159 @@
+"""Any context-free grammar as pushdown machines: the general route for GBNF and Lark.
+
+Why this route: the JSON-schema pushdown backend (pushdown.py) already parses a
+character-level CFG with ambiguity (a configuration is a set of stacks), with masks cached
+per frame and per configuration and walked over the vocabulary with numpy. A CFG in the
+normal form of cfg_rewrite.py (no left recursion, no empty machines) maps onto it
+directly: each non-lexical rule is a machine whose regex is its body over characters and
+call markers (U+10F000+i), lexical rules are inlined into those regexes, and the root's
+body is machine 0. Measured against the alternative (an Earley parser over a lexer, what
+llguidance does, not built here): on the JSON-like GBNF at the 49k vocabulary masks are a
+cached frame lookup plus a short exit walk (benchmarks/bench_grammar.py --cfg), and
+GBNF's character-level semantics are kept exactly, with no lexer and no longest-match
+rule in the way. Ambiguity costs stacks: a configuration keeps at most `_MAX_STACKS` of
+them, the shortest first; dropping parses never admits an invalid string (every stack
+left is a live parse), it can only narrow which valid strings remain reachable.
+
+Machines are built eagerly at compile (a GBNF file has a handful), each DFA disk-cached
+like a lazy regex's; a callee machine's DFA has its empty match removed (`drop_empty`)
+so that a call always consumes a byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .base import GrammarError
+from .byte_dfa import ByteDFA
+from .cfg_rewrite import Call, CfgRewriter, Raw
+from .gbnf import Alt, AnyChar, Cls, Lit, Ref, Rep, Seq
+from .json_schema._regex import (MAX_CODEPOINT, ReservedCodePoint, call_marker, char_class,
+                                 group, literal, repeat)
+from .pushdown import CompiledPushdown, Config
+from .pushdown_build import PushdownTables, prune, split_calls
+from .vocab import TokenizerInfo
+
+_MAX_STACKS = 256
+
+
+def rules_to_regexes(rw: CfgRewriter) -> tuple[str, list[str]]:
+    """(machine 0's regex, callee regexes) of a rewritten grammar; callee k is machine
+    k+1, called by marker k. Machine 0 matches "" exactly when the root is nullable."""
+    ids = {name: k for k, name in enumerate(rw.machines)}
+    lexical: dict[str, str | None] = {}
+
+    def rx(node: Any) -> str | None:
+        if node is None:
+            return None
+        if isinstance(node, Lit):
+            try:
+                return literal(node.text)
+            except ReservedCodePoint:
+                raise GrammarError(f"{rw.kind}: literal {node.text!r} uses a reserved code point "
+                                   "(U+10F000..U+10FFFF)") from None
+        if isinstance(node, Cls):
+            return char_class(_complement(node.ranges) if node.negated else list(node.ranges))
+        if isinstance(node, AnyChar):
+            return char_class([(0, MAX_CODEPOINT)])
+        if isinstance(node, Raw):
+            return group(node.regex)
+        if isinstance(node, Call):
+            return call_marker(ids[node.name])
+        if isinstance(node, Ref):
+            if node.name not in lexical:
+                lexical[node.name] = None
+                lexical[node.name] = rx(rw._eform(rw.rules[node.name]))
+            body = lexical[node.name]
+            return None if body is None else group(body)
+        if isinstance(node, Alt):
+            parts = [p for p in (rx(o) for o in node.options) if p is not None]
+            if not parts:
+                return None
+            parts = list(dict.fromkeys(parts))
+            return parts[0] if len(parts) == 1 else group("|".join(parts))
+        if isinstance(node, Seq):
+            parts = [rx(i) for i in node.items]
+            return None if any(p is None for p in parts) else "".join(parts)  # type: ignore[arg-type]
+        assert isinstance(node, Rep), node
+        return repeat(rx(node.item), node.lo, node.hi)
+
+    if len(rw.machines) > 0x1000:
+        raise GrammarError(f"{rw.kind}: more than 4096 recursive rules")
+    root = rx(rw.root_body)
+    if root is None:
+        raise GrammarError(f"{rw.kind}: the grammar derives no string")
+    if rw.root in rw.nullable and rw.nullable_node(rw.root_body) is False:
+        root = group(root) + "?"
+    subs = []
+    for name in rw.machines:
+        r = rx(rw.bodies[name])
+        if r is None:
+            raise GrammarError(f"{rw.kind}: rule {name!r} derives no string")
+        subs.append(r)
+    return root, subs
+
+
+def _complement(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    out, lo = [], 0
+    for a, b in sorted(ranges):
+        if a > lo:
+            out.append((lo, a - 1))
+        lo = max(lo, b + 1)
+    if lo <= MAX_CODEPOINT:
+        out.append((lo, MAX_CODEPOINT))
+    return out
+
+
+def drop_empty(dfa: ByteDFA) -> ByteDFA:
+    """The same DFA without the empty match: a non-accepting start state, with a copy
+    of the old start (accepting) taking every transition that led back to it."""
+    if not dfa.accept[dfa.initial]:
+        return dfa
+    assert dfa.initial == 0
+    trans = np.vstack([dfa.trans, dfa.trans[0:1]]).astype(np.int32)
+    new = trans.shape[0] - 1
+    trans[trans == 0] = new
+    accept = np.append(dfa.accept, True)
+    accept[0] = False
+    return ByteDFA(trans, accept, 0)
+
+
+def build_cfg_tables(root: str, subs: list[str], build: Callable[[str], ByteDFA],
+                     kind: str) -> PushdownTables:
+    """All machines at once (machine 0 = root, k+1 = subs[k]), pruned together."""
+    machines: list[Any] = [split_calls(build(root), len(subs), kind)]
+    for r in subs:
+        machines.append(split_calls(drop_empty(build(r)), len(subs), kind))
+    try:
+        prune(machines, kind)
+    except GrammarError as e:
+        raise GrammarError(str(e).replace("the schema accepts no instance",
+                                          "the grammar derives no string")) from None
+    return PushdownTables(machines)
+
+
+class CompiledCfg(CompiledPushdown):
+    """A pushdown grammar whose configurations keep at most `_MAX_STACKS` parses."""
+
+    def step_bytes(self, config: Config, data: bytes) -> Config | None:
+        cur = config
+        for b in data:
+            nxt: set = set()
+            for st in cur:
+                self._step(st, b, nxt, frozenset())
+            if not nxt:
+                return None
+            if len(nxt) > _MAX_STACKS:
+                nxt = set(sorted(nxt, key=lambda s: (len(s), s))[:_MAX_STACKS])
+            cur = frozenset(nxt)
+        return cur
+
+
+def compile_cfg(rules: dict[str, Any], tok: TokenizerInfo, kind: str,
+                build: Callable[[str], ByteDFA], root: str = "root") -> CompiledCfg:
+    """Rules (gbnf syntax tree, name -> body) -> compiled pushdown tables for `tok`."""
+    rw = CfgRewriter(rules, kind, root)
+    root_rx, subs = rules_to_regexes(rw)
+    return CompiledCfg(build_cfg_tables(root_rx, subs, build, kind), tok, kind)
