@@ -132,3 +132,17 @@ def test_lark_conflict_falls_back_to_general_route(tok):
         assert by_tokens(tok, NON_LALR, s, "lark") is ok, s
     # an LALR(1) grammar still takes the LALR table
     assert type(compile_tables("lark", 'start: "a"+\n', tok)).__name__ == "CompiledLark"
+
+
+def test_ambiguity_stays_small(tok):
+    """`e ::= e "+" e | ...` has a parse per split of the sum; the configuration folds
+    them (idempotent frames), so a long sum keeps a handful of stacks and cheap masks."""
+    spec = grammar("ambiguous_expr")
+    text = "+".join(["1"] * 120) + "*(2+3)"
+    m = GrammarMatcher("ebnf", spec, tok)
+    for tid in greedy_encode(tok, text):
+        assert m.new_mask()[tid]
+        assert m.accept_token(tid)
+        assert len(m.grammar.config) <= 4
+    assert m.can_end()
+    assert judge_accepts("ambiguous_expr", text)

@@ -135,7 +135,18 @@ def build_cfg_tables(root: str, subs: list[str], build: Callable[[str], ByteDFA]
 
 
 class CompiledCfg(CompiledPushdown):
-    """A pushdown grammar whose configurations keep at most `_MAX_STACKS` parses."""
+    """A pushdown grammar for any CFG: configurations keep at most `_MAX_STACKS` parses,
+    and stacks are folded where two frames below the top are the same idempotent frame.
+
+    Folding: if frame (m, r) sits directly on an identical frame, and every accepting
+    state reachable from r is the same state as r (same transitions, calls, accept),
+    then L(r) is closed under concatenation and contains "", so L(r) L(r) = L(r) and one
+    copy describes the same continuations. This is what keeps an ambiguous `e ::= e "+" e`
+    (rewritten `e ::= num ("+" e)*`) at two stacks instead of one per "+" so far."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idem: dict[tuple[int, int], bool] = {}
 
     def step_bytes(self, config: Config, data: bytes) -> Config | None:
         cur = config
@@ -145,10 +156,49 @@ class CompiledCfg(CompiledPushdown):
                 self._step(st, b, nxt, frozenset())
             if not nxt:
                 return None
+            nxt = {self._fold(st) for st in nxt}
             if len(nxt) > _MAX_STACKS:
                 nxt = set(sorted(nxt, key=lambda s: (len(s), s))[:_MAX_STACKS])
             cur = frozenset(nxt)
         return cur
+
+    def _fold(self, st: tuple) -> tuple:
+        if len(st) < 6:
+            return st
+        out: list[int] = [st[0], st[1]]
+        for i in range(2, len(st) - 2, 2):  # frames below the top
+            m, r = st[i], st[i + 1]
+            if out[-2] == m and out[-1] == r and self._idempotent(m, r):
+                continue
+            out += (m, r)
+        out += st[-2:]
+        return tuple(out) if len(out) < len(st) else st
+
+    def _idempotent(self, m: int, r: int) -> bool:
+        key = (m, r)
+        got = self._idem.get(key)
+        if got is None:
+            got = self._idem[key] = _closed_under_concat(self.machines[m], r)
+        return got
+
+
+def _closed_under_concat(mach: Any, r: int) -> bool:
+    """Every accepting state reachable from r (bytes or call returns) equals r."""
+    if not mach.accept[r]:
+        return False
+    row, calls = mach.trans[r], mach.calls.get(r, ())
+    seen, todo = {r}, [r]
+    while todo:
+        q = todo.pop()
+        if mach.accept[q] and q != r and not (
+                np.array_equal(mach.trans[q], row) and mach.calls.get(q, ()) == calls):
+            return False
+        nxt = set(mach.trans[q][mach.trans[q] >= 0].tolist())
+        nxt.update(ret for _, ret in mach.calls.get(q, ()))
+        for t in nxt - seen:
+            seen.add(t)
+            todo.append(t)
+    return True
 
 
 def compile_cfg(rules: dict[str, Any], tok: TokenizerInfo, kind: str,
