@@ -93,8 +93,11 @@ def main() -> None:
     from sgl.runtime.constrained.gbnf import gbnf_to_lark
     from sgl.runtime.constrained.lark_grammar import CompiledLark
 
+    from sgl.runtime.constrained.lazy_regex import VocabWalker
+
     gguf = str(embedded_gguf_path())
     tok = cached_gguf_tokenizer_info(gguf)
+    VocabWalker.of(tok)  # the per-vocabulary byte table: built once per process, not per grammar
     gbnf = Path(args.grammar).read_text(encoding="utf-8")
     docs = json.loads(Path(args.docs).read_text()) if args.docs else DOCS
     rows = [run_route("cfg", lambda: compile_tables("ebnf", gbnf, tok, use_cache=False), docs, tok)]
