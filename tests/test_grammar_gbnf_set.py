@@ -130,6 +130,10 @@ def test_lark_conflict_falls_back_to_general_route(tok):
     for s, ok in [("xyc", True), ("x y  c", True), ("xy", False), ("xcc", False)]:
         assert by_bytes(tok, NON_LALR, s, "lark") is ok, s
         assert by_tokens(tok, NON_LALR, s, "lark") is ok, s
+    # a shift/reduce conflict that LALR would resolve by shifting, dropping "ab"
+    sr = 'start: x "b"\nx: "a" "b"?\n'
+    for s, ok in [("ab", True), ("abb", True), ("a", False), ("abbb", False)]:
+        assert by_tokens(tok, sr, s, "lark") is ok, s
     # an LALR(1) grammar still takes the LALR table
     assert type(compile_tables("lark", 'start: "a"+\n', tok)).__name__ == "CompiledLark"
 

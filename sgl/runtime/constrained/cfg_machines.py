@@ -64,7 +64,7 @@ def rules_to_regexes(rw: CfgRewriter) -> tuple[str, list[str]]:
         if isinstance(node, Ref):
             if node.name not in lexical:
                 lexical[node.name] = None
-                lexical[node.name] = rx(rw._eform(rw.rules[node.name]))
+                lexical[node.name] = rx(rw.eform(rw.rules[node.name]))
             body = lexical[node.name]
             return None if body is None else group(body)
         if isinstance(node, Alt):

@@ -105,8 +105,8 @@ class CfgRewriter:
         self.solid = self._fix(self._solid)  # rules deriving some non-empty string
         self.machines = [n for n in rules if n not in self.lexical and n in self.productive
                          and n in self.solid]
-        self.bodies: dict[str, N] = {n: self._eform(rules[n]) for n in self.machines}
-        self.root_body: N = self._eform(rules[root])
+        self.bodies: dict[str, N] = {n: self.eform(rules[n]) for n in self.machines}
+        self.root_body: N = self.eform(rules[root])
         self._left_recursion()
         if root in self.bodies:
             self.root_body = self.bodies[root]
@@ -187,7 +187,7 @@ class CfgRewriter:
         return self._null(node, self.nullable)
 
     # -- normal form ---------------------------------------------------------------------
-    def _eform(self, node: object) -> N:
+    def eform(self, node: object) -> N:
         if isinstance(node, Ref):
             n = node.name
             if n not in self.productive:
@@ -200,11 +200,11 @@ class CfgRewriter:
         if isinstance(node, Cls) and not node.ranges and not node.negated:
             return None
         if isinstance(node, Alt):
-            return alt(*(self._eform(o) for o in node.options))
+            return alt(*(self.eform(o) for o in node.options))
         if isinstance(node, Seq):
-            return seq(*(self._eform(i) for i in node.items))
+            return seq(*(self.eform(i) for i in node.items))
         if isinstance(node, Rep):
-            return star(self._eform(node.item), node.lo, node.hi)
+            return star(self.eform(node.item), node.lo, node.hi)
         return node
 
     def corners(self, node: N) -> set[str]:
@@ -251,7 +251,7 @@ class CfgRewriter:
         if isinstance(node, Lit):
             return node if node.text else None
         if isinstance(node, Ref):
-            return self.nonempty(self._eform(self.rules[node.name]), drop) if node.name in self.nullable else node
+            return self.nonempty(self.eform(self.rules[node.name]), drop) if node.name in self.nullable else node
         if isinstance(node, Alt):
             return alt(*(self.nonempty(o, drop) for o in node.options))
         if isinstance(node, Seq):
