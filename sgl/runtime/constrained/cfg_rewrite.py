@@ -188,6 +188,8 @@ class CfgRewriter:
 
     # -- normal form ---------------------------------------------------------------------
     def eform(self, node: object) -> N:
+        """`node` in normal form: machine references as Call (optional where nullable),
+        lexical references kept, parts that derive nothing as None."""
         if isinstance(node, Ref):
             n = node.name
             if n not in self.productive:
