@@ -150,3 +150,24 @@ def test_ambiguity_stays_small(tok):
         assert len(m.grammar.config) <= 4
     assert m.can_end()
     assert judge_accepts("ambiguous_expr", text)
+
+
+NON_LALR_REGEX = r'''
+start: pair+
+pair: KEY "=" value ";"
+value: x | y
+x: QUOTED
+y: QUOTED | WORD
+KEY: /[a-z]+/
+WORD: /[a-z0-9]+/
+QUOTED: /"[^"]*"/
+%import common.WS
+%ignore WS
+'''
+
+
+def test_lark_general_route_regex_terminals(tok):
+    """Regex terminals (negated classes kept off the call-marker code points), %ignore."""
+    assert type(compile_tables("lark", NON_LALR_REGEX, tok)).__name__ == "CompiledCfg"
+    for s, ok in [('a=b;', True), ('a = "x y" ;\n b=c2;', True), ('a=;', False), ('a="x;', False)]:
+        assert by_tokens(tok, NON_LALR_REGEX, s, "lark") is ok, s
