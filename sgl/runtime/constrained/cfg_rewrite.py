@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .base import GrammarError
-from .gbnf import Alt, AnyChar, Cls, Lit, Ref, Rep, Seq
+from .gbnf import Alt, Cls, Lit, Ref, Rep, Seq
 
 _MAX_NODES = 200_000
 
