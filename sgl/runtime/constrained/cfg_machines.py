@@ -12,8 +12,8 @@ and serves as the yardstick. Measured with benchmarks/bench_cfg_masks.py on the
 JSON-like tests/data/gbnf/json.gbnf at the 49k vocabulary (211 states of 5 documents,
 fresh tables, a shared 2-core machine): this route masks at p50 0.34 ms (cached frames
 and configurations), p90 29 ms and p99 53 ms (first visits walk the vocabulary in
-numpy), compile 0.5-1.1 s; the old GBNF -> LALR translation p50 29 ms, p99 138 ms;
-llguidance p50 0.49 ms, p99 3.5 ms, compile 8 ms. The route keeps GBNF's character-level
+numpy), compile 0.5-2 s; the old GBNF -> LALR translation p50 29-35 ms, p99 138-170 ms;
+llguidance p50 0.4-0.5 ms, p99 0.7-3.5 ms, compile 8-18 ms. The route keeps GBNF's character-level
 semantics exactly (no lexer, no longest-match rule in the way) and reuses every cache of
 the JSON-schema pushdown. Ambiguity costs stacks: repeated idempotent frames are folded
 (see `CompiledCfg`), and a configuration keeps at most `_MAX_STACKS` stacks, the
