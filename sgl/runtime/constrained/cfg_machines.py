@@ -10,8 +10,8 @@ body is machine 0. The alternative, an Earley parser over a lexer (what llguidan
 does), was not built: llguidance itself is available as `--grammar-backend llguidance`
 and serves as the yardstick. Measured with benchmarks/bench_cfg_masks.py on the
 JSON-like tests/data/gbnf/json.gbnf at the 49k vocabulary (211 states of 5 documents,
-fresh tables, a shared 2-core machine): this route masks at p50 0.34 ms (cached frames
-and configurations), p90 29 ms and p99 53 ms (first visits walk the vocabulary in
+fresh tables, a shared 2-core machine): this route masks at p50 0.24-0.34 ms (cached frames
+and configurations), p90 29-57 ms and p99 53-95 ms (first visits walk the vocabulary in
 numpy), compile 0.5-2 s; the old GBNF -> LALR translation p50 29-35 ms, p99 138-170 ms;
 llguidance p50 0.4-0.5 ms, p99 0.7-3.5 ms, compile 8-18 ms. The route keeps GBNF's character-level
 semantics exactly (no lexer, no longest-match rule in the way) and reuses every cache of
