@@ -252,6 +252,11 @@ class Settings(SharedOptions):
     disable_cpu_attention: bool = _f(False, "never use the C attention kernel: the cpu attention backend falls "
                                             "back to torch (for comparison)")
     cc: str | None = _f(None, "C compiler that builds the CPU kernels (default: cc, else gcc, on PATH)", env="CC")
+    grammar_backend: str = _f("ours", "grammar engine for every constraint kind (SGLang's flag): ours (regex / JSON "
+                                      "Schema on byte DFAs and pushdown machines, any CFG), llguidance, outlines "
+                                      "(outlines-core: regex / json_schema / choices only) or xgrammar (the xgrammar "
+                                      "package, if installed; SGLang's default engine, not ours)",
+                              ("ours", "llguidance", "outlines", "xgrammar"))
     regex_backend: str = _f("lazy", "regex / JSON Schema backend: lazy (byte DFA, masks per state on demand) or "
                                     "outlines (a full outlines-core index at compile)", ("lazy", "outlines"))
     lazy_dfa: str = _f("rust", "byte-DFA builder of the lazy backend: rust (regex-automata via outlines-core) or "

@@ -1,4 +1,9 @@
-"""GBNF (llama.cpp / xgrammar EBNF) -> Lark grammar text.
+"""GBNF (llama.cpp / xgrammar EBNF): the parser (text -> syntax tree) and a Lark translation.
+
+The syntax tree (`parse_gbnf`) is what the general CFG route compiles (cfg_rewrite.py,
+cfg_machines.py). The Lark translation below is the older LALR(1) route, kept as an
+independent reading of the same grammar (the grammar tests parse model outputs with Lark
+Earley on it).
 
 GBNF is character-level: `name ::= ...` rules with literals, char classes (negation,
 ranges, escapes), `.`, grouping, `* + ?`, `{m,n}`, `#` comments, and `root` as start.
@@ -233,8 +238,9 @@ def _rx_char(cp: int, in_class: bool) -> str:
 
 
 class _Translator:
-    def __init__(self, rules: dict[str, Alt]) -> None:
+    def __init__(self, rules: dict[str, Alt], char_level: bool = False) -> None:
         self.rules = rules
+        self.char_level = char_level
         self.lexical: dict[str, bool] = {}
         self.names: dict[str, str] = {}
         self._nullable: dict[Node, bool] = {}
@@ -249,6 +255,8 @@ class _Translator:
             self._refs_defined(child)
 
     def is_lexical(self, name: str, visiting: frozenset[str] = frozenset()) -> bool:
+        if self.char_level:
+            return False
         if name in self.lexical:
             return self.lexical[name]
         if name in visiting:
@@ -439,9 +447,18 @@ def _refs(node: Node) -> set[str]:
     return out
 
 
-def gbnf_to_lark(text: str) -> str:
-    """Translate GBNF text to a Lark grammar whose start rule is `start`."""
+def gbnf_to_lark(text: str, char_level: bool = False) -> str:
+    """Translate GBNF text to a Lark grammar whose start rule is `start`.
+
+    `char_level=True` keeps every rule a Lark rule (terminals are only literals and
+    single-character classes), for Lark's Earley parser: exact GBNF semantics with no
+    regex alternation deciding a lexeme's length."""
+    return _Translator(parse_gbnf(text), char_level).to_lark()
+
+
+def parse_gbnf(text: str) -> dict[str, Alt]:
+    """GBNF text -> its rules (name -> body), in definition order."""
     rules = _Parser(text).rules()
     if not rules:
         raise GrammarError("ebnf: empty grammar")
-    return _Translator(rules).to_lark()
+    return rules

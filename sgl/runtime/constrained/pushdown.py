@@ -40,6 +40,15 @@ _CONFIG_CACHE = 4096
 _MAX_STACKS = 256  # ambiguity bound: configurations past this many stacks are refused
 
 
+def _uniq(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values. np.unique's hash path (numpy >= 2.3) is 10-20x slower
+    than a sort on the ~50k-element index arrays a mask walk makes."""
+    if a.size < 2:
+        return a
+    s = np.sort(a)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]
+
+
 class CompiledPushdown:
     """Machines plus per-frame and per-configuration mask caches (thread-safe)."""
 
@@ -128,7 +137,7 @@ class CompiledPushdown:
                     and not (st != st[0]).any():
                 inside, ek, er = self._frame(m, int(st[0]), busy)
                 np.logical_or(out, np.unpackbits(inside, count=n_all).view(bool), out=out)
-                for k2 in np.unique(ek).tolist():
+                for k2 in _uniq(ek).tolist():
                     sel = er[ek == k2]
                     if ctx:
                         items.append((ctx[-2], ctx[:-2], k2, sel,
@@ -146,7 +155,7 @@ class CompiledPushdown:
                 hc = mach.has_call[st]
                 if hc.any():
                     crows, cst = rows[hc], st[hc]
-                    for q in np.unique(cst).tolist():
+                    for q in _uniq(cst).tolist():
                         sel = crows[cst == q]
                         for j, r in mach.calls[q]:
                             if j not in fresh:
@@ -182,7 +191,7 @@ class CompiledPushdown:
         if exits:
             ek = np.concatenate([np.full(r.size, k, dtype=np.int64) for k, r in exits])
             er = np.concatenate([r for _, r in exits])
-            uniq = np.unique(er * 4096 + ek)  # a (row, offset) pair once
+            uniq = _uniq(er * 4096 + ek)  # a (row, offset) pair once
             er, ek = uniq // 4096, uniq % 4096
         else:
             ek = er = np.zeros(0, dtype=np.int64)
@@ -205,7 +214,7 @@ class CompiledPushdown:
                 if len(st) > 2 and er.size:
                     below, m2, r2 = st[:-4], st[-4], st[-3]
                     items = []
-                    for k in np.unique(ek).tolist():
+                    for k in _uniq(ek).tolist():
                         sel = er[ek == k]
                         items.append((m2, below, k, sel, np.full(sel.size, r2, dtype=np.int64),
                                       frozenset()))

@@ -1,17 +1,23 @@
 """Grammar registry: spec -> compiled tables -> fresh matcher, plus the async compiler.
 
 `compile_grammar(kind, spec, tok)` is the one entry point the scheduler and the public
-matcher use. Kinds: "regex", "json_schema", "choices" (regex family) and "ebnf" (GBNF,
-translated to Lark), "lark" (our LALR mask engine). The regex family runs on the lazy
-backend (lazy_regex.py: byte DFA, masks per state on demand) unless the regex_backend
-setting (SGL_REGEX_BACKEND=outlines) asks for a full outlines-core Index. Compiled tables are
-cached in memory (LRU) and, for the regex family, on disk (the byte DFA, or the Index);
-every call returns a new matcher at the start state sharing the tables. A json_schema
-whose conversion needs sub-machines (recursive $refs, free-form values, very large
-subschemas) runs on the pushdown backend (pushdown.py: byte DFAs with call edges, each
-DFA disk-cached like a lazy regex's, sub-machines built on first use); one that fits a
-single regex stays on the lazy backend. Backends are imported lazily so that a server that never sees a CFG never
-imports lark.
+matcher use. Kinds: "regex", "json_schema", "choices" (regex family), "ebnf" (GBNF) and
+"lark". The regex family runs on the lazy backend (lazy_regex.py: byte DFA, masks per
+state on demand) unless the regex_backend setting (SGL_REGEX_BACKEND=outlines) asks for a
+full outlines-core Index. A json_schema whose conversion needs sub-machines (recursive
+$refs, free-form values, very large subschemas) runs on the pushdown backend
+(pushdown.py: byte DFAs with call edges, each DFA disk-cached like a lazy regex's,
+sub-machines built on first use); one that fits a single regex stays on the lazy backend.
+GBNF takes the general CFG route (cfg_machines.py: any context-free grammar as pushdown
+machines); Lark takes our LALR(1) engine (lark_grammar.py) and, when Lark reports an
+LALR conflict, the general route (cfg_lark.py). Compiled tables are cached in memory
+(LRU) and, for the regex family and CFG machines, on disk (the byte DFAs, or the Index);
+every call returns a new matcher at the start state sharing the tables. Backends are
+imported lazily so that a server that never sees a CFG never imports lark.
+
+The grammar_backend setting (--grammar-backend, SGLang's flag) swaps the whole engine:
+"ours" (the above, default), "llguidance" (llg.py), "xgrammar" (xgr.py, if installed)
+or "outlines" (outlines-core for the regex family; CFG kinds are refused with a message).
 
 `GrammarCompiler` runs compiles on a worker thread so the decode loop keeps going; its
 futures fail with GrammarError on bad specs and on timeout.
@@ -69,14 +75,22 @@ def normalize_spec(kind: str, spec: Any) -> str:
 
 
 def regex_backend() -> str:
-    """"lazy" (default) or "outlines", the regex_backend setting (SGL_REGEX_BACKEND)."""
-    return _settings().regex_backend
+    """"lazy" (default) or "outlines", the regex_backend setting (SGL_REGEX_BACKEND);
+    "outlines" too when the whole grammar backend is outlines."""
+    s = _settings()
+    return "outlines" if s.grammar_backend == "outlines" else s.regex_backend
+
+
+def grammar_backend() -> str:
+    """"ours" (default), "llguidance", "outlines" or "xgrammar" (SGL_GRAMMAR_BACKEND,
+    --grammar-backend)."""
+    return _settings().grammar_backend
 
 
 def _memory_key(kind: str, spec_s: str, tok: TokenizerInfo) -> str:
-    # The backend is part of the key so flipping SGL_REGEX_BACKEND never serves the other's tables.
+    # The backends are part of the key so flipping a backend never serves another's tables.
     tag = f"{kind}@{regex_backend()}" if kind in _INDEX_KINDS else kind
-    return cache_key(tag, spec_s, tok.hash)
+    return cache_key(f"{tag}/{grammar_backend()}", spec_s, tok.hash)
 
 
 def compile_tables(kind: str, spec: Any, tok: TokenizerInfo, *, use_cache: bool = True) -> Any:
@@ -99,6 +113,18 @@ def compile_grammar(kind: str, spec: Any, tok: TokenizerInfo) -> Grammar:
 
 
 def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -> Any:
+    backend = grammar_backend()
+    if backend == "llguidance":
+        from .llg import CompiledLLG
+
+        return CompiledLLG(kind, spec, tok)
+    if backend == "xgrammar":
+        from .xgr import CompiledXGR
+
+        return CompiledXGR(kind, spec, tok)
+    if backend == "outlines" and kind not in _INDEX_KINDS:
+        raise GrammarError(f"{kind}: the outlines grammar backend supports regex, json_schema and choices "
+                           "only; use --grammar-backend ours (or llguidance, xgrammar) for CFGs")
     if kind in _INDEX_KINDS:
         from .regex_grammar import (CompiledRegex, build_index, choices_to_regex,
                                     json_schema_to_regex)
@@ -126,13 +152,42 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
             if disk is not None:
                 disk.put(disk_key, index)
         return CompiledRegex(index, tok, kind)
+    disk = _disk() if use_disk else None
+    if kind == "ebnf":
+        from .cfg_machines import compile_cfg
+        from .gbnf import parse_gbnf
+
+        return compile_cfg(parse_gbnf(spec), tok, kind, lambda rx: _cached_dfa(rx, kind, disk))
+    return _build_lark(spec, tok, disk)
+
+
+def _build_lark(spec: str, tok: TokenizerInfo, disk: DiskCache | None) -> Any:
+    """LALR(1) with our lexer when Lark's table has no conflict; any other CFG goes the
+    general route (cfg_lark.py -> pushdown machines)."""
     from .lark_grammar import CompiledLark
 
-    if kind == "ebnf":
-        from .gbnf import gbnf_to_lark
+    if not _lalr_conflict(spec):
+        return CompiledLark(spec, tok, kind="lark")
+    from .cfg_lark import ROOT, lark_rules
+    from .cfg_machines import compile_cfg
 
-        return CompiledLark(gbnf_to_lark(spec), tok, kind="ebnf")
-    return CompiledLark(spec, tok, kind="lark")
+    return compile_cfg(lark_rules(spec), tok, "lark", lambda rx: _cached_dfa(rx, "lark", disk), root=ROOT)
+
+
+def _lalr_conflict(spec: str) -> bool:
+    """Does Lark's LALR(1) table have a shift/reduce or reduce/reduce conflict? Lark
+    resolves shift/reduce silently (by shifting), which can drop valid strings, so
+    strict mode tells. Other errors are left to the real build to report."""
+    import lark
+
+    try:
+        lark.Lark(spec, parser="lalr", strict=True)
+    except lark.exceptions.GrammarError as e:
+        msg = str(e)
+        return "Shift/Reduce" in msg or "Reduce/Reduce" in msg
+    except Exception:  # noqa: BLE001 - lexer collisions, syntax errors: not a table conflict
+        return False
+    return False
 
 
 def _build_lazy(regex: str, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
