@@ -135,52 +135,64 @@ static inline void nib_unpack(const uint8_t *p, uint8_t *u) {
 #define ACC_SUM(a) (a)
 #endif
 
-/* Activation row views: int8 values, block scales, scaled block sums. */
-#define XQ_VIEW(xq, in)                                                               \
-    const int8_t *xv = (const int8_t *)(xq);                                          \
-    const float *xd = (const float *)((xq) + (in)), *xs = xd + (in) / 32;             \
-    (void)xs
+/* The products of one weight row with R <= QR activation rows (Q8 rows at xq[r]): the
+ * weight's blocks are decoded once and used for every row. Each row has its own
+ * accumulators and sees the same operations in the same order whatever R is, so a row's
+ * result does not depend on the rows it is grouped with. Instantiated for constant R. */
+#define QR 4
+#define INL static inline __attribute__((always_inline))
+#define XQ_VIEWS(xq, in, R)                                                            \
+    const int8_t *xv[QR];                                                              \
+    const float *xd[QR], *xs[QR];                                                      \
+    ACC_T acc[QR];                                                                     \
+    float accm[QR];                                                                    \
+    for (int r = 0; r < (R); r++) {                                                    \
+        xv[r] = (const int8_t *)(xq)[r];                                               \
+        xd[r] = (const float *)((xq)[r] + (in));                                       \
+        xs[r] = xd[r] + (in) / 32;                                                     \
+        acc[r] = ACC_ZERO;                                                             \
+        accm[r] = 0.f;                                                                 \
+    }                                                                                  \
+    (void)xs;
+#define XQ_DONE(R, out)                                                                \
+    for (int r = 0; r < (R); r++) (out)[r] = ACC_SUM(acc[r]) + accm[r];
 
-static float dot_q8_0(const uint8_t *w, const uint8_t *xq, int in) {
-    XQ_VIEW(xq, in);
-    ACC_T acc = ACC_ZERO;
+INL void dot_q8_0(const uint8_t *w, const uint8_t *const *xq, int R, int in, float *out) {
+    XQ_VIEWS(xq, in, R)
     for (int i = 0; i < in / 32; i++, w += 34) {
-        float sc = h2f(w) * xd[i];
+        float dw = h2f(w);
 #ifdef Q_AVX2
-        acc = fma_blk(acc, sc, mul_ss(ld32(w + 2), ld32(xv + 32 * i)));
+        __m256i a = ld32(w + 2), ua = _mm256_sign_epi8(a, a);
+        for (int r = 0; r < R; r++)
+            acc[r] = fma_blk(acc[r], dw * xd[r][i], mul_us(ua, _mm256_sign_epi8(ld32(xv[r] + 32 * i), a)));
 #else
-        acc += sc * (float)idot32(w + 2, 1, xv + 32 * i);
+        for (int r = 0; r < R; r++) acc[r] += dw * xd[r][i] * (float)idot32(w + 2, 1, xv[r] + 32 * i);
 #endif
     }
-    return ACC_SUM(acc);
+    XQ_DONE(R, out)
 }
 
-/* Q4_0 (off = 0: d, q; value d (q - 8)) and Q4_1 (d, m, q; value d q + m) */
-static inline float dot_q4_01(const uint8_t *w, const uint8_t *xq, int in, int q41) {
-    XQ_VIEW(xq, in);
+/* Q4_0 (d, q; value d (q - 8)) and Q4_1 (d, m, q; value d q + m) */
+INL void dot_q4_01(const uint8_t *w, const uint8_t *const *xq, int R, int in, int q41, float *out) {
+    XQ_VIEWS(xq, in, R)
     const int bs = q41 ? 20 : 18, qo = q41 ? 4 : 2;
-    ACC_T acc = ACC_ZERO;
-    float accm = 0.f;
     for (int i = 0; i < in / 32; i++, w += bs) {
         float dw = h2f(w), m = q41 ? h2f(w + 2) : -8.f * dw;
 #ifdef Q_AVX2
-        acc = fma_blk(acc, dw * xd[i], mul_us(nib32(w + qo), ld32(xv + 32 * i)));
+        __m256i u = nib32(w + qo);
+        for (int r = 0; r < R; r++) acc[r] = fma_blk(acc[r], dw * xd[r][i], mul_us(u, ld32(xv[r] + 32 * i)));
 #else
         uint8_t u[32];
         nib_unpack(w + qo, u);
-        acc += dw * xd[i] * (float)idot32(u, 0, xv + 32 * i);
+        for (int r = 0; r < R; r++) acc[r] += dw * xd[r][i] * (float)idot32(u, 0, xv[r] + 32 * i);
 #endif
-        accm += m * xs[i];
+        for (int r = 0; r < R; r++) accm[r] += m * xs[r][i];
     }
-    return ACC_SUM(acc) + accm;
+    XQ_DONE(R, out)
 }
-static float dot_q4_0(const uint8_t *w, const uint8_t *xq, int in) { return dot_q4_01(w, xq, in, 0); }
-static float dot_q4_1(const uint8_t *w, const uint8_t *xq, int in) { return dot_q4_01(w, xq, in, 1); }
 
-static float dot_q4_k(const uint8_t *w, const uint8_t *xq, int in) {
-    XQ_VIEW(xq, in);
-    ACC_T acc = ACC_ZERO;
-    float accm = 0.f;
+INL void dot_q4_k(const uint8_t *w, const uint8_t *const *xq, int R, int in, float *out) {
+    XQ_VIEWS(xq, in, R)
     for (int sb = 0; sb < in / 256; sb++, w += 144) {
         float d = h2f(w), dmin = h2f(w + 2);
         uint8_t sc[8], mn[8];
@@ -188,30 +200,37 @@ static float dot_q4_k(const uint8_t *w, const uint8_t *xq, int in) {
         for (int p = 0; p < 4; p++) { /* 32 bytes of qs: sub-block 2p (low nibbles), 2p + 1 (high) */
             int i = 8 * sb + 2 * p;
             const uint8_t *qs = w + 16 + 32 * p;
+            float d0 = d * (float)sc[2 * p], d1 = d * (float)sc[2 * p + 1];
+            float m0 = dmin * (float)mn[2 * p], m1 = dmin * (float)mn[2 * p + 1];
 #ifdef Q_AVX2
             __m256i v = ld32(qs), m4 = _mm256_set1_epi8(0xF);
-            acc = fma_blk(acc, d * (float)sc[2 * p] * xd[i], mul_us(_mm256_and_si256(v, m4), ld32(xv + 32 * i)));
-            acc = fma_blk(acc, d * (float)sc[2 * p + 1] * xd[i + 1],
-                          mul_us(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), ld32(xv + 32 * (i + 1))));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int r = 0; r < R; r++) {
+                acc[r] = fma_blk(acc[r], d0 * xd[r][i], mul_us(lo, ld32(xv[r] + 32 * i)));
+                acc[r] = fma_blk(acc[r], d1 * xd[r][i + 1], mul_us(hi, ld32(xv[r] + 32 * (i + 1))));
+            }
 #else
             uint8_t lo[32], hi[32];
             for (int k = 0; k < 32; k++) lo[k] = qs[k] & 0xF, hi[k] = qs[k] >> 4;
-            acc += d * (float)sc[2 * p] * xd[i] * (float)idot32(lo, 0, xv + 32 * i);
-            acc += d * (float)sc[2 * p + 1] * xd[i + 1] * (float)idot32(hi, 0, xv + 32 * (i + 1));
+            for (int r = 0; r < R; r++) {
+                acc[r] += d0 * xd[r][i] * (float)idot32(lo, 0, xv[r] + 32 * i);
+                acc[r] += d1 * xd[r][i + 1] * (float)idot32(hi, 0, xv[r] + 32 * (i + 1));
+            }
 #endif
-            accm -= dmin * (float)mn[2 * p] * xs[i];
-            accm -= dmin * (float)mn[2 * p + 1] * xs[i + 1];
+            for (int r = 0; r < R; r++) {
+                accm[r] -= m0 * xs[r][i];
+                accm[r] -= m1 * xs[r][i + 1];
+            }
         }
     }
-    return ACC_SUM(acc) + accm;
+    XQ_DONE(R, out)
 }
 
 /* Q6_K: per half h (128 values), group g (32 values, activation block 8 sb + 4h + g) takes
  * the low (g < 2) or high nibbles of ql[64h + 32 (g & 1) ...] and bits 2g of qh[32h ...];
  * value d * scale[8h + 2g + (l >= 16)] * (q - 32). */
-static float dot_q6_k(const uint8_t *w, const uint8_t *xq, int in) {
-    XQ_VIEW(xq, in);
-    ACC_T acc = ACC_ZERO;
+INL void dot_q6_k(const uint8_t *w, const uint8_t *const *xq, int R, int in, float *out) {
+    XQ_VIEWS(xq, in, R)
     for (int sb = 0; sb < in / 256; sb++, w += 210) {
         const int8_t *sc = (const int8_t *)(w + 192);
         float d = h2f(w + 208);
@@ -220,38 +239,65 @@ static float dot_q6_k(const uint8_t *w, const uint8_t *xq, int in) {
                 int i = 8 * sb + 4 * h + g, s0 = sc[8 * h + 2 * g], s1 = sc[8 * h + 2 * g + 1];
                 const uint8_t *ql = w + 64 * h + 32 * (g & 1), *qh = w + 128 + 32 * h;
 #ifdef Q_AVX2
-                __m256i L = ld32(ql), H = ld32(qh), x = ld32(xv + 32 * i);
+                __m256i L = ld32(ql), H = ld32(qh);
                 if (g >= 2) L = _mm256_srli_epi16(L, 4);
                 L = _mm256_and_si256(L, _mm256_set1_epi8(0xF));
                 H = _mm256_and_si256(_mm256_srli_epi16(H, 2 * g), _mm256_set1_epi8(3));
                 __m256i q = _mm256_or_si256(L, _mm256_slli_epi16(H, 4));
-                __m256i p = _mm256_sub_epi32(mul_us(q, x), mul_us(_mm256_set1_epi8(32), x));
-                p = _mm256_mullo_epi32(p, _mm256_set_m128i(_mm_set1_epi32(s1), _mm_set1_epi32(s0)));
-                acc = fma_blk(acc, d * xd[i], p);
-#else
-                const int8_t *x = xv + 32 * i;
-                int a0 = 0, a1 = 0;
-                for (int l = 0; l < 32; l++) {
-                    int q = (((ql[l] >> (4 * (g >> 1))) & 0xF) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-                    if (l < 16) a0 += q * x[l];
-                    else a1 += q * x[l];
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi32(s1), _mm_set1_epi32(s0));
+                for (int r = 0; r < R; r++) {
+                    __m256i x = ld32(xv[r] + 32 * i);
+                    __m256i p = _mm256_sub_epi32(mul_us(q, x), mul_us(_mm256_set1_epi8(32), x));
+                    acc[r] = fma_blk(acc[r], d * xd[r][i], _mm256_mullo_epi32(p, scv));
                 }
-                acc += d * xd[i] * (float)(s0 * a0 + s1 * a1);
+#else
+                int8_t q[32];
+                for (int l = 0; l < 32; l++)
+                    q[l] = (int8_t)((((ql[l] >> (4 * (g >> 1))) & 0xF) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xv[r] + 32 * i;
+                    int a0 = 0, a1 = 0;
+                    for (int l = 0; l < 16; l++) a0 += q[l] * x[l], a1 += q[l + 16] * x[l + 16];
+                    acc[r] += d * xd[r][i] * (float)(s0 * a0 + s1 * a1);
+                }
 #endif
             }
     }
-    return ACC_SUM(acc);
+    XQ_DONE(R, out)
 }
 
-typedef float (*qdot_fn)(const uint8_t *w, const uint8_t *xq, int in);
+typedef void (*qdot_fn)(const uint8_t *w, const uint8_t *const *xq, int in, float *out);
 
-static qdot_fn q_fn(int type) {
+#define QDOT_R(name, call, R) \
+    static void name##_##R(const uint8_t *w, const uint8_t *const *xq, int in, float *out) { call; }
+#define QDOT_ALL(name, ...)                                                   \
+    QDOT_R(name, name##_k(w, xq, 1, in, ##__VA_ARGS__, out), 1)               \
+    QDOT_R(name, name##_k(w, xq, 2, in, ##__VA_ARGS__, out), 2)               \
+    QDOT_R(name, name##_k(w, xq, 3, in, ##__VA_ARGS__, out), 3)               \
+    QDOT_R(name, name##_k(w, xq, 4, in, ##__VA_ARGS__, out), 4)
+#define dot_q8_0_k dot_q8_0
+#define dot_q4_0_k(w, xq, R, in, out) dot_q4_01(w, xq, R, in, 0, out)
+#define dot_q4_1_k(w, xq, R, in, out) dot_q4_01(w, xq, R, in, 1, out)
+#define dot_q4_k_k dot_q4_k
+#define dot_q6_k_k dot_q6_k
+QDOT_ALL(dot_q8_0)
+QDOT_ALL(dot_q4_0)
+QDOT_ALL(dot_q4_1)
+QDOT_ALL(dot_q4_k)
+QDOT_ALL(dot_q6_k)
+#define QDOT_TABLE(name) {name##_1, name##_2, name##_3, name##_4}
+
+/* The R-row product (R = 1..QR) for a type, or 0. */
+static qdot_fn q_fn(int type, int R) {
+    static const qdot_fn q8_0[QR] = QDOT_TABLE(dot_q8_0), q4_0[QR] = QDOT_TABLE(dot_q4_0),
+                         q4_1[QR] = QDOT_TABLE(dot_q4_1), q4_k[QR] = QDOT_TABLE(dot_q4_k),
+                         q6_k[QR] = QDOT_TABLE(dot_q6_k);
     switch (type) {
-    case SGL_T_Q8_0: return dot_q8_0;
-    case SGL_T_Q4_0: return dot_q4_0;
-    case SGL_T_Q4_1: return dot_q4_1;
-    case SGL_T_Q4_K: return dot_q4_k;
-    case SGL_T_Q6_K: return dot_q6_k;
+    case SGL_T_Q8_0: return q8_0[R - 1];
+    case SGL_T_Q4_0: return q4_0[R - 1];
+    case SGL_T_Q4_1: return q4_1[R - 1];
+    case SGL_T_Q4_K: return q4_k[R - 1];
+    case SGL_T_Q6_K: return q6_k[R - 1];
     default: return 0;
     }
 }
@@ -268,15 +314,21 @@ int q_supported(int type, int in) { return sgl_quant_row_bytes(type, in) > 0; }
 
 void qgemv_rows(int type, const uint8_t *W, const uint8_t *XQ, int B, int out, int in, const bf16 *bias, bf16 *Y,
                 float *Yf, int lo, int hi) {
-    qdot_fn f = q_fn(type);
     int64_t rb = sgl_quant_row_bytes(type, in), xs = q8_row_bytes(in);
     for (int o = lo; o < hi; o++) {
         const uint8_t *w = W + o * rb;
         float bo = bias ? bf2f(bias[o]) : 0.f;
-        for (int b = 0; b < B; b++) {
-            float s = f(w, XQ + b * xs, in);
-            if (Y) Y[(int64_t)b * out + o] = f2bf(s + bo);
-            else Yf[(int64_t)b * out + o] = s;
+        /* groups of QR rows: the weight row is decoded from memory once per group */
+        for (int b = 0; b < B; b += QR) {
+            int R = B - b < QR ? B - b : QR;
+            const uint8_t *xq[QR];
+            float s[QR];
+            for (int r = 0; r < R; r++) xq[r] = XQ + (b + r) * xs;
+            q_fn(type, R)(w, xq, in, s);
+            for (int r = 0; r < R; r++) {
+                if (Y) Y[(int64_t)(b + r) * out + o] = f2bf(s[r] + bo);
+                else Yf[(int64_t)(b + r) * out + o] = s[r];
+            }
         }
     }
 }
