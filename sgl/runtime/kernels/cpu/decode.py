@@ -51,10 +51,12 @@ class CpuDecoder:
     Where the model carries `gguf_blocks` (models/gguf_blocks.py, --quantization gguf),
     the matrices found there are read as GGUF blocks instead of the bf16 copies."""
 
-    def __init__(self, model: Any, kernels: Kernels, threads: int) -> None:
+    def __init__(self, model: Any, kernels: Kernels, threads: int, native_blocks: bool = True) -> None:
         if threads not in (1, 2):
             raise ValueError(f"the C decode kernel runs on 1 or 2 threads, got {threads}")
         self.model, self.kernels, self.threads = model, kernels, threads
+        # the model's GGUF blocks, read instead of its bf16 matrices (native_blocks=False: the bf16 path)
+        self.blocks = getattr(model, "gguf_blocks", None) if native_blocks else None
         c = model.config
         # Addresses are filled in when a pool is bound, with the layer table (it holds K/V too).
         self.params = DecodeModel(n_layers=len(model.layers), vocab=c.vocab_size, hidden=c.hidden_size,
@@ -100,8 +102,7 @@ class CpuDecoder:
     def weight_types(self) -> dict[str, int]:
         """The model file's matrices per type as the step reads them (e.g. {"Q4_1": 210,
         "Q8_0": 1}; "bf16" for the rest), or {} for a model without GGUF blocks."""
-        blocks = getattr(self.model, "gguf_blocks", None)
-        return dict(blocks.tensors) if blocks is not None else {}
+        return dict(self.blocks.tensors) if self.blocks is not None else {}
 
     def _pick(self, block: Any, bf16: torch.Tensor) -> tuple[int, int]:
         """(address, SGL_T_* type) of one matrix: its GGUF blocks where present and whole
@@ -116,8 +117,7 @@ class CpuDecoder:
     def _matrices(self) -> list[tuple[int, int]]:
         """(address, type) per matrix: each layer's qkv, o, gate_up, down, then the
         embedding and the vocab projection."""
-        m = self.model
-        blocks = getattr(m, "gguf_blocks", None)
+        m, blocks = self.model, self.blocks
         out = []
         for i, layer in enumerate(m.layers):
             b = blocks.layers[i] if blocks is not None else {}
