@@ -161,7 +161,8 @@ def test_greedy_decoding_on_blocks_agrees_with_the_bf16_path(real):
         for name in decs:
             pool = KVPool(256, c.num_layers, c.num_kv_heads, c.head_dim, torch.bfloat16)
             r2t = torch.arange(1, 129, dtype=torch.int64).unsqueeze(0).contiguous()
-            logits = model(ForwardBatch.build(ids, r2t[0, :n].tolist(), [0], [0], [n], r2t), TorchAttentionBackend(pool))
+            prefill = ForwardBatch.build(ids, r2t[0, :n].tolist(), [0], [0], [n], r2t)
+            logits = model(prefill, TorchAttentionBackend(pool))
             state[name] = (pool, r2t)
         token = int(logits[-1].argmax())
         for i in range(24):

@@ -37,7 +37,8 @@ _MESSAGES = {
     Status.OK: "ok",
     Status.CONTEXT_TOO_LONG: "a context is longer than the request table",
     Status.POSITION_OUT_OF_RANGE: "a RoPE position is outside the cos/sin tables",
-    Status.UNSUPPORTED: "this build, shape or weight type is not supported (attention needs AVX512-BF16, head_dim 64 or 128)",
+    Status.UNSUPPORTED: "this build, shape or weight type is not supported (attention needs AVX512-BF16, "
+                        "head_dim 64 or 128; block weights need whole blocks of Q8_0/Q4_0/Q4_1/Q4_K/Q6_K)",
     Status.NO_MEMORY: "out of memory",
 }
 

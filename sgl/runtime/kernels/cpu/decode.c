@@ -16,6 +16,10 @@
  * With `threads` = 2 the matrix-vector products split their rows with one helper thread
  * (team.c): one core reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the
  * caller's thread.
+ *
+ * Each matrix has a type tag (SGL_T_*, sgl_kernels.h): bf16 as above, or rows of GGUF
+ * blocks (--quantization gguf), multiplied by quant.c after the activation rows are
+ * quantized to int8 once per product; the embedding row of a block type is dequantized.
  */
 #include "rows.h"
 #include "sgl_kernels.h"
