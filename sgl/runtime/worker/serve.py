@@ -37,12 +37,14 @@ def _cpu_decode_steps(scheduler: Any) -> int:
 
 
 def _quantization(scheduler: Any) -> dict[str, Any]:
-    """The decode step's weights: `quantization` (gguf or none) and the model file's
-    matrices per type as they run (`quantized_weights`, e.g. {"Q4_1": 210, "Q8_0": 1})."""
+    """The decode step's weights: `quantization` (gguf or none), the model file's matrices
+    per type as they run (`quantized_weights`, e.g. {"Q4_1": 210, "Q8_0": 1}) and the bytes
+    of blocks held besides the bf16 weights (`quantized_weight_bytes`)."""
     decoder = getattr(scheduler.runner, "cpu_decoder", None)
     if decoder is None or decoder.quantization == "none":
-        return {"quantization": "none", "quantized_weights": {}}
-    return {"quantization": decoder.quantization, "quantized_weights": decoder.weight_types()}
+        return {"quantization": "none", "quantized_weights": {}, "quantized_weight_bytes": 0}
+    return {"quantization": decoder.quantization, "quantized_weights": decoder.weight_types(),
+            "quantized_weight_bytes": decoder.blocks.nbytes()}
 
 
 def inject_fault(scheduler: Any, point: str, once: bool) -> None:
