@@ -77,11 +77,12 @@ def _tiny_quantized_model(seed: int = 0):
     return model
 
 
-def test_every_block_type_in_the_step_matches_the_torch_forward():
+@pytest.mark.parametrize("march", ["native", "x86-64-v2"])
+def test_every_block_type_in_the_step_matches_the_torch_forward(march):
     model = _tiny_quantized_model()
     pool, attn, batch = _setup(model, [5, 17, 2, 40])
     ref = model(batch, attn)
-    dec = CpuDecoder(model, binding.kernels(), 2)
+    dec = CpuDecoder(model, _variant(march), 2)
     assert dec.quantization == "gguf"
     out = dec.forward(batch, pool)
     assert torch.isfinite(out).all()
