@@ -202,3 +202,23 @@ def test_the_flag_is_validated():
         resolve_quantization("gguf", None)
     with pytest.raises(ValueError, match="quantization must be one of"):
         resolve_quantization("awq", None)
+
+
+@pytest.mark.model
+def test_blocks_are_cached_next_to_the_converted_weights(tmp_path, real):
+    """The first load writes the arranged blocks into the cache folder; a later load reads
+    them back unchanged; a damaged cache file is ignored and rewritten."""
+    from sgl.runtime.models.gguf_blocks import BLOCKS_FILE, load_gguf_blocks
+    from sgl.runtime.models.loader import embedded_gguf_path
+
+    first = load_gguf_blocks(tmp_path, embedded_gguf_path())
+    assert (tmp_path / BLOCKS_FILE).exists()
+    again = load_gguf_blocks(tmp_path, embedded_gguf_path())
+    assert again.tensors == first.tensors == real.model.gguf_blocks.tensors and again.tied and again.head is None
+    for a, b in zip(first.layers + [{"embed": first.embed}], again.layers + [{"embed": again.embed}]):
+        assert a.keys() == b.keys()
+        assert all(a[k].wtype == b[k].wtype and torch.equal(a[k].data, b[k].data) for k in a)
+    (tmp_path / BLOCKS_FILE).write_bytes(b"not a safetensors file")
+    rebuilt = load_gguf_blocks(tmp_path, embedded_gguf_path())
+    assert torch.equal(rebuilt.embed.data, first.embed.data)
+    assert load_gguf_blocks(tmp_path, embedded_gguf_path()).tensors == first.tensors  # rewritten, readable

@@ -10,17 +10,25 @@ matrix, so the same row permutation is undone on the byte rows. A fused weight w
 parts differ in type, or a type without a C product (F16, Q5_K, ...), is left out: the
 decode step then reads the bf16 matrix for it. Matrices are copied out of the file's
 memory map, so the file can change afterwards without touching a running model.
+Parsing a GGUF file (its ~50k-entry vocabulary above all) takes seconds, so the arranged
+blocks are cached once as a safetensors file in the model's converted cache folder, next
+to the dequantized weights (`load_gguf_blocks`); a cache that cannot be read is rebuilt.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from sgl.runtime.config import QUANTIZATION_CHOICES
 from sgl.runtime.models.gguf_convert import _unpermute, hf_config_from_fields, read_fields
@@ -29,6 +37,10 @@ from sgl.runtime.models.gguf_convert import _unpermute, hf_config_from_fields, r
 NATIVE_TYPES = frozenset(int(t) for t in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
                                           GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K,
                                           GGMLQuantizationType.Q6_K))
+log = logging.getLogger(__name__)
+
+BLOCKS_FILE = "gguf_blocks.safetensors"
+BLOCKS_VERSION = "1"  # bump when the arrangement below changes
 _FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
           "down": ("ffn_down",)}
 
@@ -115,7 +127,7 @@ def read_gguf_blocks(path: Path) -> GGUFBlocks:
         if not native:
             return None
         rows = np.concatenate([_rows(t, h) for t, h in zip(ts, heads)], axis=0)
-        return BlockWeight(types.pop(), torch.from_numpy(np.ascontiguousarray(rows).copy()))
+        return BlockWeight(types.pop(), torch.from_numpy(rows))  # concatenate made a fresh contiguous copy
 
     layers = []
     for i in range(config["num_hidden_layers"]):
@@ -130,3 +142,57 @@ def read_gguf_blocks(path: Path) -> GGUFBlocks:
     tied = "output.weight" not in by_name
     head = None if tied else fused(["output.weight"], [None])
     return GGUFBlocks(layers=layers, embed=embed, head=head, tied=tied, tensors=counts)
+
+
+def _save(blocks: GGUFBlocks, path: Path) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    for i, layer in enumerate(blocks.layers):
+        tensors.update({f"layers.{i}.{key}": w.data for key, w in layer.items()})
+    if blocks.embed is not None:
+        tensors["embed"] = blocks.embed.data
+    if blocks.head is not None:
+        tensors["head"] = blocks.head.data
+    types = {}
+    for i, layer in enumerate(blocks.layers):
+        types.update({f"layers.{i}.{key}": w.wtype for key, w in layer.items()})
+    types.update({k: w.wtype for k, w in (("embed", blocks.embed), ("head", blocks.head)) if w is not None})
+    meta = {"version": BLOCKS_VERSION, "types": json.dumps(types), "tensors": json.dumps(blocks.tensors),
+            "tied": json.dumps(blocks.tied), "n_layers": str(len(blocks.layers))}
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, path)  # concurrent first starts: whole files only
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: Path) -> GGUFBlocks:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        if meta.get("version") != BLOCKS_VERSION:
+            raise ValueError(f"blocks cache version {meta.get('version')!r}")
+        types = json.loads(meta["types"])
+        w = {name: BlockWeight(int(types[name]), f.get_tensor(name)) for name in f.keys()}
+    layers = [{key: w[f"layers.{i}.{key}"] for key in _FUSED if f"layers.{i}.{key}" in w}
+              for i in range(int(meta["n_layers"]))]
+    return GGUFBlocks(layers=layers, embed=w.get("embed"), head=w.get("head"), tied=json.loads(meta["tied"]),
+                      tensors=json.loads(meta["tensors"]))
+
+
+def load_gguf_blocks(hf_dir: Path, gguf: Path) -> GGUFBlocks:
+    """The blocks of `gguf`, from the cache in its converted folder `hf_dir` (written on
+    first use; where the folder is read-only, read from the file every time)."""
+    cached = Path(hf_dir) / BLOCKS_FILE
+    if cached.exists():
+        try:
+            return _load(cached)
+        except Exception as e:  # a damaged or older cache: rebuild it
+            log.warning("ignoring the GGUF blocks cache %s (%s); rebuilding it", cached, e)
+    blocks = read_gguf_blocks(gguf)
+    try:
+        _save(blocks, cached)
+    except OSError as e:
+        log.info("could not cache the GGUF blocks in %s: %s", hf_dir, e)
+    return blocks

@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerFast
 from sgl.runtime.config import cache_dir as cache_root
 from sgl.runtime.distributed.parallel import TPInfo
 from sgl.runtime.models.config import ModelConfig
-from sgl.runtime.models.gguf_blocks import gguf_source, read_gguf_blocks, resolve_quantization
+from sgl.runtime.models.gguf_blocks import gguf_source, load_gguf_blocks, resolve_quantization
 from sgl.runtime.models.gguf_convert import convert_gguf_to_hf
 from sgl.runtime.models.registry import model_class
 from sgl.runtime.models.tokenizer import load_tokenizer
@@ -183,7 +183,7 @@ def load_model(
     if quant == "gguf" and torch.device(device).type == "cpu" and torch_dtype == torch.bfloat16 and tp.size == 1:
         src = gguf_source(hf_dir)
         assert src is not None
-        model.gguf_blocks = read_gguf_blocks(src)
+        model.gguf_blocks = load_gguf_blocks(hf_dir, src)
     else:
         quant = "none"  # only the C decode step reads blocks: bf16 on the CPU, one rank
     tokenizer = load_tokenizer(hf_dir)
