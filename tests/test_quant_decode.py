@@ -213,6 +213,7 @@ def test_blocks_are_cached_next_to_the_converted_weights(tmp_path, real):
 
     first = load_gguf_blocks(tmp_path, embedded_gguf_path())
     assert (tmp_path / BLOCKS_FILE).exists()
+    assert not list(tmp_path.glob("*.safetensors"))  # never taken for the model's weights
     again = load_gguf_blocks(tmp_path, embedded_gguf_path())
     assert again.tensors == first.tensors == real.model.gguf_blocks.tensors and again.tied and again.head is None
     for a, b in zip(first.layers + [{"embed": first.embed}], again.layers + [{"embed": again.embed}]):

@@ -39,7 +39,9 @@ NATIVE_TYPES = frozenset(int(t) for t in (GGMLQuantizationType.Q8_0, GGMLQuantiz
                                           GGMLQuantizationType.Q6_K))
 log = logging.getLogger(__name__)
 
-BLOCKS_FILE = "gguf_blocks.safetensors"
+# safetensors format, but not named *.safetensors: load_hf_weights reads every such file
+# of the folder as the model's weights
+BLOCKS_FILE = "gguf_blocks.sgl-st"
 BLOCKS_VERSION = "1"  # bump when the arrangement below changes
 _FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
           "down": ("ffn_down",)}
@@ -162,6 +164,7 @@ def _save(blocks: GGUFBlocks, path: Path) -> None:
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=meta)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared like the rest
         os.replace(tmp, path)  # concurrent first starts: whole files only
     finally:
         if os.path.exists(tmp):
