@@ -1,5 +1,10 @@
-"""One C decode step (kernels/cpu/decode.c) of the embedded SmolLM2-135M in bf16, timed per
-build variant and batch size: the figures behind the AVX2 path's speed-up.
+"""One C decode step (kernels/cpu/decode.c) of the embedded SmolLM2-135M, timed per build
+variant, weight format and batch size: the figures behind the AVX2 path's and the GGUF
+blocks' speed-ups.
+
+`--quantization none,gguf` times each variant on the dequantized bf16 matrices (none,
+270 MB read per step) and on the file's Q4_1 / Q8_0 blocks (gguf, 96 MB; quant.c), side
+by side in one run; the table names the kernels that ran.
 
 Each variant is the same sources compiled with another `-march` (binding.kernels(march)),
 bound in this process side by side: `x86-64-v2` is the plain-C build (no AVX2, no
@@ -11,6 +16,7 @@ interleaved over `--reps` rounds and the median per-step time of each is printed
 busy neighbour on a shared host moves all figures alike.
 
 Run: .venv/bin/python benchmarks/bench_decode_step.py [--marches x86-64-v2,native] [--rows 1,2,4,8]
+     [--quantization none,gguf]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from sgl.runtime.memory.kv_pool import KVPool  # noqa: E402
 from sgl.runtime.models.loader import load_model  # noqa: E402
 
 _ISA = {0: "plain C", 1: "AVX512-BF16", 2: "AVX2+FMA"}
+_QISA = {0: "plain C", 2: "AVX2 maddubs", 3: "AVX2 VNNI dpbusd"}
 
 
 def _batch(rows: int, context: int, r2t: torch.Tensor) -> ForwardBatch:
@@ -52,21 +59,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, choices=(1, 2))
     ap.add_argument("--steps", type=int, default=10, help="steps per timing")
     ap.add_argument("--reps", type=int, default=5, help="timings per (variant, rows); the median is kept")
+    ap.add_argument("--quantization", default="none,gguf", help="weights: none (bf16), gguf (the file's blocks)")
     args = ap.parse_args()
-    marches = args.marches.split(",")
+    quants = args.quantization.split(",")
+    if not set(quants) <= {"none", "gguf"}:
+        sys.exit(f"--quantization: none and/or gguf, got {args.quantization!r}")
     rows_list = [int(r) for r in args.rows.split(",")]
-    loaded = load_model(dtype="bfloat16")
+    loaded = load_model(dtype="bfloat16", quantization="gguf" if "gguf" in quants else "none")
     model, c = loaded.model, loaded.config
     pool = KVPool(max(rows_list) * args.context + 8, c.num_layers, c.num_kv_heads, c.head_dim, torch.bfloat16)
     for t in pool.k_buffers + pool.v_buffers:
         t.normal_(0, 1)
     r2t = torch.zeros(max(rows_list), args.context + 8, dtype=torch.int64)
     decoders = {}
-    for m in marches:
+    marches = []  # variant names: march, and /quantization when more than one is timed
+    for m in args.marches.split(","):
         lib = binding.kernels(m)
         if lib is None:
             sys.exit(f"cannot build the kernel library for -march={m}")
-        decoders[m] = (CpuDecoder(model, lib, args.threads), _ISA.get(lib.decode_simd(), "?"))
+        for q in quants:
+            name = f"{m}/{q}" if len(quants) > 1 else m
+            dec = CpuDecoder(model, lib, args.threads, native_blocks=q == "gguf")
+            kernel = _ISA.get(lib.decode_simd(), "?") if q == "none" else \
+                f"{'+'.join(sorted(dec.weight_types()))} {_QISA.get(lib.quant_simd(), '?')}"
+            decoders[name] = (dec, kernel)
+            marches.append(name)
     batches = {b: _batch(b, args.context, r2t) for b in rows_list}
     times: dict[tuple[str, int], list[float]] = {(m, b): [] for m in marches for b in rows_list}
     for m in marches:  # warm up: binds the pool, sizes the workspaces, faults the weights in
@@ -82,15 +99,21 @@ def main() -> None:
                 times[(m, b)].append((time.perf_counter() - t0) / args.steps * 1e3)
     print(f"cpu: {cpu_model()}; threads {args.threads}; context {args.context}; median of {args.reps} x "
           f"{args.steps} steps")
+    for name, (_, kernel) in decoders.items():
+        print(f"  {name}: {kernel}")
     table = []
     for b in rows_list:
         row: dict[str, object] = {"rows": b}
         for m in marches:
             ms = statistics.median(times[(m, b)])
-            row[f"{m} ({decoders[m][1]}) ms"] = ms
+            row[f"{m} ms"] = ms
             row[f"{m} tok/s"] = b * 1e3 / ms
         if len(marches) == 2:
             row["speed-up"] = statistics.median(times[(marches[0], b)]) / statistics.median(times[(marches[1], b)])
+        elif len(quants) == 2:  # per build: bf16 time / blocks time
+            for m in args.marches.split(","):
+                row[f"{m} gguf speed-up"] = (statistics.median(times[(f"{m}/none", b)])
+                                             / statistics.median(times[(f"{m}/gguf", b)]))
         table.append(row)
     print_table("C decode step per build variant", table)
 

@@ -46,4 +46,4 @@ def test_every_exported_function_is_bound():
     if kernels is None:
         pytest.skip("no C compiler for the CPU kernels")
     assert all(hasattr(kernels.lib, name) for name in binding._SIGNATURES)
-    assert kernels.decode_fields() == 10
+    assert kernels.decode_fields() == 14

@@ -74,7 +74,7 @@ def _both(model: LlamaForCausalLM, ctx_lens: list[int], seed: int = 0) -> tuple:
 
 @pytest.fixture(scope="module")
 def real_model() -> LlamaForCausalLM:
-    return load_model(dtype="bfloat16").model
+    return load_model(dtype="bfloat16", quantization="none").model  # the bf16 kernel path
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_engine_greedy_tokens_are_torch_greedy_choices(real_model):
     choice at its position, up to rounding ties."""
     from sgl.runtime.engine import Engine
 
-    with Engine(disable_cpu_decode_kernel=False) as e:
+    with Engine(disable_cpu_decode_kernel=False, quantization="none") as e:
         prompts = [e.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
         # One at a time, so every decode step has batch 1 (the kernel's main case).
         outs = [e.generate(input_ids=ids, sampling_params={"max_new_tokens": 32, "temperature": 0,

@@ -31,6 +31,7 @@ from sgl.runtime.speculative.proposer import algorithm_name
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
+QUANTIZATION_CHOICES = ("gguf", "none")
 
 
 def _f(default: Any, help: str, choices: tuple[Any, ...] | None = None, env: str | None = None) -> Any:
@@ -61,6 +62,9 @@ class EngineConfig(SharedOptions):
     dtype: str = _f("auto", "weights/activations dtype: auto (bfloat16 on CPU), bfloat16, float32",
                     ("auto", "bfloat16", "float32"))
     device: str = _f("auto", "cpu, cuda or auto")
+    quantization: str | None = _f(None, "weights of the C decode step: gguf (a GGUF file's quantized blocks, "
+                                        "multiplied natively) or none (dequantized to --dtype, the reference "
+                                        "path); default: gguf for a GGUF model, else none", QUANTIZATION_CHOICES)
     max_total_tokens: int | None = _f(None, "KV pool size in tokens (default: from mem_fraction of RAM, capped at 131072)")
     mem_fraction: float = _f(0.08, "fraction of total memory for the KV pool when max_total_tokens is unset")
     max_running_requests: int = _f(256, "most requests decoding at once")
@@ -161,6 +165,9 @@ class EngineConfig(SharedOptions):
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.data_parallel_rank is not None and self.data_parallel_rank < 0:
             raise ValueError(f"data_parallel_rank must be >= 0, got {self.data_parallel_rank}")
+        if self.quantization == "gguf" and self.model_path is not None and not self.model_path.endswith(".gguf"):
+            raise ValueError(f"quantization gguf needs a GGUF model file; {self.model_path!r} is not a .gguf file "
+                             "(use --quantization none)")
         parse_kv_events_config(self.kv_events_config)  # ValueError naming --kv-events-config
         self._check_hicache()
         self._check_disaggregation()

@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerFast
 from sgl.runtime.config import cache_dir as cache_root
 from sgl.runtime.distributed.parallel import TPInfo
 from sgl.runtime.models.config import ModelConfig
+from sgl.runtime.models.gguf_blocks import gguf_source, load_gguf_blocks, resolve_quantization
 from sgl.runtime.models.gguf_convert import convert_gguf_to_hf
 from sgl.runtime.models.registry import model_class
 from sgl.runtime.models.tokenizer import load_tokenizer
@@ -49,6 +50,7 @@ class LoadedModel:
     chat_template: str | None
     hf_dir: Path
     model_path: str
+    quantization: str = "none"  # gguf: the model carries its GGUF blocks for the C decode step
 
 
 def embedded_gguf_path() -> Path:
@@ -159,12 +161,17 @@ def load_model(
     cache_dir: str | None = None,
     prepack: bool = True,
     tp: TPInfo = TPInfo(),
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Load a Llama-family model, converting a GGUF (default: embedded SmolLM2) once;
     `prepack` packs the CPU weights for small batches where verified (kernels/cpu/linear.py).
     With `tp`, only rank `tp.rank`'s shard is built and read; no collective runs here (the
-    engine converts a GGUF once, in the API process, before it starts the ranks)."""
+    engine converts a GGUF once, in the API process, before it starts the ranks).
+    `quantization` (default: gguf for a GGUF model, else none): with gguf the model also
+    carries the file's raw blocks as `model.gguf_blocks` for the C decode step, which runs
+    on them (bf16 on the CPU, one rank); the bf16 weights stay for everything else."""
     hf_dir, model_path = resolve_model_dir(model_path, cache_dir)
+    quant = resolve_quantization(quantization, gguf_source(hf_dir))
     config = read_model_config(hf_dir)
     torch_dtype = resolve_dtype(dtype, device)
     model = model_class(config.architecture)(config, torch_dtype, tp=tp)
@@ -172,6 +179,13 @@ def load_model(
     model = model.to(device).eval()
     if prepack:
         model.prepack()
+    model.gguf_blocks = None
+    if quant == "gguf" and torch.device(device).type == "cpu" and torch_dtype == torch.bfloat16 and tp.size == 1:
+        src = gguf_source(hf_dir)
+        assert src is not None
+        model.gguf_blocks = load_gguf_blocks(hf_dir, src)
+    else:
+        quant = "none"  # only the C decode step reads blocks: bf16 on the CPU, one rank
     tokenizer = load_tokenizer(hf_dir)
     return LoadedModel(
         model=model,
@@ -180,6 +194,7 @@ def load_model(
         chat_template=tokenizer.chat_template,
         hf_dir=hf_dir,
         model_path=model_path,
+        quantization=quant,
     )
 
 

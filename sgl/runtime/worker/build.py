@@ -69,7 +69,7 @@ def build_rank(cfg: EngineConfig, hf_dir: str, tp: TPInfo) -> RankModel:
 
     device = resolve_device(cfg)
     loaded = load_model(hf_dir, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir,
-                        prepack=not cfg.disable_packed_linears, tp=tp)
+                        prepack=not cfg.disable_packed_linears, tp=tp, quantization=cfg.quantization)
     mc = loaded.config
     model = loaded.model
     dtype = next(model.parameters()).dtype

@@ -36,6 +36,17 @@ def _cpu_decode_steps(scheduler: Any) -> int:
     return int(decoder.steps) if decoder is not None else 0
 
 
+def _quantization(scheduler: Any) -> dict[str, Any]:
+    """The decode step's weights: `quantization` (gguf or none), the model file's matrices
+    per type as they run (`quantized_weights`, e.g. {"Q4_1": 210, "Q8_0": 1}) and the bytes
+    of blocks held besides the bf16 weights (`quantized_weight_bytes`)."""
+    decoder = getattr(scheduler.runner, "cpu_decoder", None)
+    if decoder is None or decoder.quantization == "none":
+        return {"quantization": "none", "quantized_weights": {}, "quantized_weight_bytes": 0}
+    return {"quantization": decoder.quantization, "quantized_weights": decoder.weight_types(),
+            "quantized_weight_bytes": decoder.blocks.nbytes()}
+
+
 def inject_fault(scheduler: Any, point: str, once: bool) -> None:
     """For fault tests: once requests are decoding, fail at `point` of the loop ("loop":
     the loop dies; "step": one step fails) or die of a segfault ("segv", on the scheduler
@@ -60,7 +71,7 @@ def inject_fault(scheduler: Any, point: str, once: bool) -> None:
 CALLS: dict[str, Callable[..., Any]] = {
     "flush_cache": lambda s: bool(s.kv.flush()),
     "clear_hicache_storage": lambda s: s.clear_hicache_storage(),
-    "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s)},
+    "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s), **_quantization(s)},
     "check_invariants": lambda s: s.check_invariants(),
     "inject_fault": inject_fault,
     "clear_fault": lambda s: setattr(s, "fault_hook", None),

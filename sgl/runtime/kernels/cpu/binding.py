@@ -37,17 +37,30 @@ _MESSAGES = {
     Status.OK: "ok",
     Status.CONTEXT_TOO_LONG: "a context is longer than the request table",
     Status.POSITION_OUT_OF_RANGE: "a RoPE position is outside the cos/sin tables",
-    Status.UNSUPPORTED: "this build or shape is not supported (needs AVX512-BF16, head_dim 64 or 128)",
+    Status.UNSUPPORTED: "this build, shape or weight type is not supported (attention needs AVX512-BF16, "
+                        "head_dim 64 or 128; block weights need whole blocks of Q8_0/Q4_0/Q4_1/Q4_K/Q6_K)",
     Status.NO_MEMORY: "out of memory",
 }
 
 
+class WeightType(IntEnum):
+    """SGL_T_*: a weight matrix's type tag (GGML's type ids; gguf.GGMLQuantizationType)."""
+
+    Q4_0 = 2
+    Q4_1 = 3
+    Q8_0 = 8
+    Q4_K = 12
+    Q6_K = 14
+    BF16 = 30
+
+
 class DecodeModel(ctypes.Structure):
-    """sgl_decode_model: a bf16 Llama-family model, fixed for the life of a decoder."""
+    """sgl_decode_model: a Llama-family model (bf16 or GGUF-block matrices), fixed for the
+    life of a decoder."""
 
     _fields_ = [("n_layers", _i), ("layers", _p), ("embed", _p), ("norm_w", _p), ("head_w", _p),
                 ("vocab", _i), ("hidden", _i), ("nh", _i), ("nkv", _i), ("d", _i), ("inter", _i),
-                ("eps", _f), ("rope_cos", _p), ("rope_sin", _p)]
+                ("eps", _f), ("rope_cos", _p), ("rope_sin", _p), ("embed_t", _i), ("head_t", _i)]
 
 
 class DecodeBatch(ctypes.Structure):
@@ -79,6 +92,10 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sgl_decode_ws": (_i64, [ctypes.POINTER(DecodeModel), _i]),
     "sgl_decode_fws": (_i64, [ctypes.POINTER(DecodeModel), _i]),
     "sgl_decode_step": (_i, [ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeBatch)]),
+    "sgl_quant_simd": (_i, []),
+    "sgl_quant_row_bytes": (_i64, [_i, _i]),
+    "sgl_quant_gemv": (_i, [_i, _p, _i, _i, _p, _i, _p]),
+    "sgl_quant_dequant": (_i, [_i, _p, _i, _i, _p]),
     "sgl_attn_simd": (_i, []),
     "sgl_attn_ws_bytes": (_i64, [ctypes.POINTER(AttnParams)]),
     "sgl_attn_forward": (_i, [ctypes.POINTER(AttnParams)]),
@@ -115,6 +132,22 @@ class Kernels:
 
     def decode_step(self, model: DecodeModel, batch: DecodeBatch) -> Status:
         return Status(self.lib.sgl_decode_step(ctypes.byref(model), ctypes.byref(batch)))
+
+    # ---- products over GGUF blocks
+    def quant_simd(self) -> int:
+        """The block products' vector code: 0 plain C, 2 AVX2, 3 AVX2 with VNNI dot products."""
+        return int(self.lib.sgl_quant_simd())
+
+    def quant_row_bytes(self, wtype: int, n_in: int) -> int:
+        """Bytes of one row of `n_in` inputs; 0 where `wtype` has no product here or `n_in`
+        is not whole blocks."""
+        return int(self.lib.sgl_quant_row_bytes(wtype, n_in))
+
+    def quant_gemv(self, wtype: int, w: int, out: int, n_in: int, x: int, rows: int, y: int) -> Status:
+        return Status(self.lib.sgl_quant_gemv(wtype, w, out, n_in, x, rows, y))
+
+    def quant_dequant(self, wtype: int, w: int, rows: int, n_in: int, out: int) -> Status:
+        return Status(self.lib.sgl_quant_dequant(wtype, w, rows, n_in, out))
 
     # ---- attention
     def attn_simd(self) -> bool:

@@ -16,10 +16,15 @@
  * With `threads` = 2 the matrix-vector products split their rows with one helper thread
  * (team.c): one core reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the
  * caller's thread.
+ *
+ * Each matrix has a type tag (SGL_T_*, sgl_kernels.h): bf16 as above, or rows of GGUF
+ * blocks (--quantization gguf), multiplied by quant.c after the activation rows are
+ * quantized to int8 once per product; the embedding row of a block type is dequantized.
  */
 #include "rows.h"
 #include "sgl_kernels.h"
 #include "team.h"
+#include "quant.h"
 
 #include <math.h>
 
@@ -163,7 +168,39 @@ static __thread int g_team; /* this step holds the two-thread team */
 
 static __thread float *g_xf; /* this step's scratch for pre-split X rows */
 
-static void gemv(const bf16 *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y) {
+typedef struct {
+    int type, B, out, in;
+    const uint8_t *W, *XQ;
+    const bf16 *bias;
+    bf16 *Y;
+} QGemvJob;
+
+static void qgemv_chunk(void *arg, int c) {
+    QGemvJob *j = (QGemvJob *)arg;
+    int lo = c * GEMV_CHUNK, hi = lo + GEMV_CHUNK < j->out ? lo + GEMV_CHUNK : j->out;
+    qgemv_rows(j->type, j->W, j->XQ, j->B, j->out, j->in, j->bias, j->Y, 0, lo, hi);
+}
+
+/* The product over a matrix of GGUF blocks: X quantized once (q8_row, into the scratch
+ * the bf16 path splits X into), then each weight row against each Q8 row (quant.c). */
+static void qgemv(int type, const uint8_t *W, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y) {
+    uint8_t *xq = (uint8_t *)g_xf;
+    for (int b = 0; b < B; b++) q8_row(X + (int64_t)b * in, in, xq + b * q8_row_bytes(in));
+    if (!g_team || out < 2 * GEMV_CHUNK) {
+        qgemv_rows(type, W, xq, B, out, in, bias, Y, 0, 0, out);
+        return;
+    }
+    QGemvJob j = {type, B, out, in, W, xq, bias, Y};
+    team_run(qgemv_chunk, &j, (out + GEMV_CHUNK - 1) / GEMV_CHUNK);
+}
+
+/* Y = X W^T (+ bias) for a weight of type `type` (SGL_T_*). */
+static void gemv(int type, const void *Wv, const bf16 *X, int B, int out, int in, const bf16 *bias, bf16 *Y) {
+    if (type != SGL_T_BF16) {
+        qgemv(type, (const uint8_t *)Wv, X, B, out, in, bias, Y);
+        return;
+    }
+    const bf16 *W = (const bf16 *)Wv;
     float *xf = g_xf;
 #ifdef SGL_AVX2_SIMD
     /* widen X once per product, not once per weight row */
@@ -361,6 +398,19 @@ int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
     return (int64_t)(m->nh + 2) * m->d + 16 + (int64_t)(m->nh / m->nkv) * max_len;
 }
 
+/* Whether every matrix is bf16 or whole blocks of a type quant.c multiplies. */
+static int type_ok(int type, int in) { return type == SGL_T_BF16 || q_supported(type, in); }
+static int types_ok(const sgl_decode_model *m) {
+    if (!type_ok(m->embed_t, m->hidden) || !type_ok(m->head_t, m->hidden)) return 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const int64_t *p = m->layers + (int64_t)l * SGL_L_FIELDS;
+        if (!type_ok((int)p[SGL_L_QKV_T], m->hidden) || !type_ok((int)p[SGL_L_O_T], m->nh * m->d) ||
+            !type_ok((int)p[SGL_L_GU_T], m->hidden) || !type_ok((int)p[SGL_L_DOWN_T], m->inter))
+            return 0;
+    }
+    return 1;
+}
+
 sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt) {
     const int B = bt->rows, hidden = m->hidden, nh = m->nh, nkv = m->nkv, d = m->d, inter = m->inter;
     const int64_t *positions = bt->positions, *out_loc = bt->out_loc;
@@ -368,6 +418,7 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     int qkv_n = (nh + 2 * nkv) * d, h2 = d / 2;
     for (int b = 0; b < B; b++)
         if (bt->seq_lens[b] > bt->max_len) return SGL_ERR_CONTEXT_TOO_LONG;
+    if (!types_ok(m)) return SGL_ERR_UNSUPPORTED;
     g_team = bt->threads >= 2 && team_acquire();
     /* bf16 workspace, B rows each: x, xn, qkv, attn, gate/up, act, tmp, bf16 logits */
     bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
@@ -375,15 +426,22 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     bf16 *lb = tmp + B * hidden;
     float *acc = bt->fws, *scores = acc + (nh + 2) * d + 16;
     g_xf = (float *)(bt->ws + ws_bf16(m, B));
-    for (int b = 0; b < B; b++)
-        memcpy(x + b * hidden, m->embed + bt->input_ids[b] * hidden, sizeof(bf16) * hidden);
+    for (int b = 0; b < B; b++) {
+        if (m->embed_t == SGL_T_BF16) {
+            memcpy(x + b * hidden, (const bf16 *)m->embed + bt->input_ids[b] * hidden, sizeof(bf16) * hidden);
+            continue;
+        }
+        /* a quantized row: dequantized as the converter does (float), rounded to bf16 */
+        q_dequant_row(m->embed_t, (const uint8_t *)m->embed, hidden, bt->input_ids[b], g_xf);
+        for (int k = 0; k < hidden; k++) x[b * hidden + k] = f2bf(g_xf[k]);
+    }
     for (int l = 0; l < m->n_layers; l++) {
         const int64_t *p = m->layers + (int64_t)l * SGL_L_FIELDS;
         const bf16 *qkv_b = (const bf16 *)p[SGL_L_QKV_B], *o_b = (const bf16 *)p[SGL_L_O_B];
         bf16 *K = (bf16 *)p[SGL_L_K], *V = (bf16 *)p[SGL_L_V];
         for (int b = 0; b < B; b++)
             norm_row(x + b * hidden, 0, (const bf16 *)p[SGL_L_LN1], hidden, eps, xn + b * hidden);
-        gemv((const bf16 *)p[SGL_L_QKV], xn, B, qkv_n, hidden, qkv_b, qkv);
+        gemv((int)p[SGL_L_QKV_T], (const void *)p[SGL_L_QKV], xn, B, qkv_n, hidden, qkv_b, qkv);
         for (int b = 0; b < B; b++) {
             bf16 *r = qkv + b * qkv_n;
             rope_row(r, nh + nkv, d, m->rope_cos + positions[b] * h2, m->rope_sin + positions[b] * h2);
@@ -393,17 +451,17 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
         for (int b = 0; b < B; b++)
             attend(qkv + b * qkv_n, K, V, bt->req_to_token + bt->req_rows[b] * bt->r2t_stride, (int)bt->seq_lens[b],
                    nh, nkv, d, scores, acc, att + b * nh * d);
-        gemv((const bf16 *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
+        gemv((int)p[SGL_L_O_T], (const void *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
         for (int b = 0; b < B; b++) /* the residual add, then the norm */
             norm_row(x + b * hidden, tmp + b * hidden, (const bf16 *)p[SGL_L_LN2], hidden, eps, xn + b * hidden);
-        gemv((const bf16 *)p[SGL_L_GU], xn, B, 2 * inter, hidden, 0, gu);
+        gemv((int)p[SGL_L_GU_T], (const void *)p[SGL_L_GU], xn, B, 2 * inter, hidden, 0, gu);
         for (int b = 0; b < B; b++) silu_mul_row(gu + b * 2 * inter, inter, act + b * inter);
-        gemv((const bf16 *)p[SGL_L_DOWN], act, B, hidden, inter, 0, tmp);
+        gemv((int)p[SGL_L_DOWN_T], (const void *)p[SGL_L_DOWN], act, B, hidden, inter, 0, tmp);
         for (int b = 0; b < B; b++) norm_row(x + b * hidden, tmp + b * hidden, 0, hidden, eps, 0); /* add only */
     }
     for (int b = 0; b < B; b++) norm_row(x + b * hidden, 0, m->norm_w, hidden, eps, xn + b * hidden);
     /* as the torch path: the projection rounds to bf16, then widens to float */
-    gemv(m->head_w, xn, B, m->vocab, hidden, 0, lb);
+    gemv(m->head_t, m->head_w, xn, B, m->vocab, hidden, 0, lb);
     for (int64_t i = 0; i < (int64_t)B * m->vocab; i++) bt->logits[i] = bf2f(lb[i]);
     if (g_team) team_release();
     g_team = 0;

@@ -17,7 +17,7 @@ import torch
 
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.kernels.cpu import binding
-from sgl.runtime.kernels.cpu.binding import DecodeBatch, DecodeModel, Kernels, Status
+from sgl.runtime.kernels.cpu.binding import DecodeBatch, DecodeModel, Kernels, Status, WeightType
 
 # Batch sizes up to this stream the weights once for all rows (batch 8 with two threads:
 # 24 ms per step vs 31 for torch); past it the arithmetic outgrows the streaming and
@@ -47,12 +47,16 @@ class CpuDecoder:
     """Binds one bf16 Llama-family model (and, lazily, one KV pool) to the C decode step.
     It reads the model's weights in place: `layers[i]` with input_layernorm,
     qkv_weight/qkv_bias, o_weight/o_bias, post_attention_layernorm, gate_up_weight,
-    down_weight; `embed_tokens`, `norm`, `lm_head` (None when tied), rope_cos/rope_sin."""
+    down_weight; `embed_tokens`, `norm`, `lm_head` (None when tied), rope_cos/rope_sin.
+    Where the model carries `gguf_blocks` (models/gguf_blocks.py, --quantization gguf),
+    the matrices found there are read as GGUF blocks instead of the bf16 copies."""
 
-    def __init__(self, model: Any, kernels: Kernels, threads: int) -> None:
+    def __init__(self, model: Any, kernels: Kernels, threads: int, native_blocks: bool = True) -> None:
         if threads not in (1, 2):
             raise ValueError(f"the C decode kernel runs on 1 or 2 threads, got {threads}")
         self.model, self.kernels, self.threads = model, kernels, threads
+        # the model's GGUF blocks, read instead of its bf16 matrices (native_blocks=False: the bf16 path)
+        self.blocks = getattr(model, "gguf_blocks", None) if native_blocks else None
         c = model.config
         # Addresses are filled in when a pool is bound, with the layer table (it holds K/V too).
         self.params = DecodeModel(n_layers=len(model.layers), vocab=c.vocab_size, hidden=c.hidden_size,
@@ -90,17 +94,55 @@ class CpuDecoder:
                 and batch.req_to_token.dtype == torch.int64 and 0 < batch.num_tokens <= MAX_ROWS
                 and all(p > 0 for p in batch.prefix_lens_cpu))
 
+    @property
+    def quantization(self) -> str:
+        """`gguf` where any matrix is read as GGUF blocks, else `none`."""
+        return "gguf" if any(t != WeightType.BF16 for _, t in self._matrices()) else "none"
+
+    def weight_types(self) -> dict[str, int]:
+        """The model file's matrices per type as the step reads them (e.g. {"Q4_1": 210,
+        "Q8_0": 1}; "bf16" for the rest), or {} for a model without GGUF blocks."""
+        return dict(self.blocks.tensors) if self.blocks is not None else {}
+
+    def _pick(self, block: Any, bf16: torch.Tensor) -> tuple[int, int]:
+        """(address, SGL_T_* type) of one matrix: its GGUF blocks where present and whole
+        blocks of a type the kernel multiplies, else the bf16 tensor."""
+        if block is not None:
+            rows, n_in = bf16.shape
+            row_bytes = self.kernels.quant_row_bytes(block.wtype, n_in)
+            if row_bytes and tuple(block.data.shape) == (rows, row_bytes):
+                return _ptr(block.data), int(block.wtype)
+        return _ptr(bf16), int(WeightType.BF16)
+
+    def _matrices(self) -> list[tuple[int, int]]:
+        """(address, type) per matrix: each layer's qkv, o, gate_up, down, then the
+        embedding and the vocab projection."""
+        m, blocks = self.model, self.blocks
+        out = []
+        for i, layer in enumerate(m.layers):
+            b = blocks.layers[i] if blocks is not None else {}
+            out += [self._pick(b.get("qkv"), layer.qkv_weight), self._pick(b.get("o"), layer.o_weight),
+                    self._pick(b.get("gate_up"), layer.gate_up_weight), self._pick(b.get("down"), layer.down_weight)]
+        embed = self._pick(blocks.embed if blocks is not None else None, m.embed_tokens)
+        if m.lm_head is None:
+            head = embed
+        else:
+            head = self._pick(blocks.head if blocks is not None else None, m.lm_head)
+        return out + [embed, head]
+
     def _bind_pool(self, pool: Any, max_context: int) -> None:
+        mats = self._matrices()
         rows = []
-        for layer, k, v in zip(self.model.layers, pool.k_buffers, pool.v_buffers):
-            rows.append([_ptr(t) for t in (
-                layer.input_layernorm.weight, layer.qkv_weight, layer.qkv_bias, layer.o_weight, layer.o_bias,
-                layer.post_attention_layernorm.weight, layer.gate_up_weight, layer.down_weight, k, v)])
+        for i, (layer, k, v) in enumerate(zip(self.model.layers, pool.k_buffers, pool.v_buffers)):
+            (qkv, qkv_t), (o, o_t), (gu, gu_t), (down, down_t) = mats[4 * i: 4 * i + 4]
+            rows.append([_ptr(layer.input_layernorm.weight), qkv, _ptr(layer.qkv_bias), o, _ptr(layer.o_bias),
+                         _ptr(layer.post_attention_layernorm.weight), gu, down, _ptr(k), _ptr(v),
+                         qkv_t, o_t, gu_t, down_t])
         self._table = torch.tensor(rows, dtype=torch.int64)
         assert self._table.shape[1] == self.kernels.decode_fields()
         m, p = self.model, self.params
-        p.layers, p.embed, p.norm_w = _ptr(self._table), _ptr(m.embed_tokens), _ptr(m.norm.weight)
-        p.head_w = _ptr(m.embed_tokens if m.lm_head is None else m.lm_head)
+        p.layers, p.norm_w = _ptr(self._table), _ptr(m.norm.weight)
+        (p.embed, p.embed_t), (p.head_w, p.head_t) = mats[-2], mats[-1]
         p.rope_cos, p.rope_sin = _ptr(m.rope_cos), _ptr(m.rope_sin)
         self._max_len = max_context
         self._fws = torch.empty(self.kernels.decode_fws(self.params, max_context), dtype=torch.float32)

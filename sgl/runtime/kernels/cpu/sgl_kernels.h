@@ -14,25 +14,35 @@ typedef enum {
     SGL_OK = 0,
     SGL_ERR_CONTEXT_TOO_LONG = 1,      /* decode: a sequence is longer than max_len */
     SGL_ERR_POSITION_OUT_OF_RANGE = 2, /* RoPE: a position outside the cos/sin tables */
-    SGL_ERR_UNSUPPORTED = 3,           /* attention: no AVX512-BF16 in this build, or the shape */
+    SGL_ERR_UNSUPPORTED = 3,           /* attention: no AVX512-BF16 in this build, or the shape; a weight type */
     SGL_ERR_NO_MEMORY = 4,             /* attention: malloc failed */
 } sgl_status;
+
+/* ---- weight types ---------------------------------------------------------------------- */
+
+/* Type tags of a weight matrix: GGML's type ids. SGL_T_BF16 is a plain bf16 matrix; the
+ * others are rows of GGUF blocks (quant.c), sgl_quant_row_bytes(type, in) bytes a row. */
+enum { SGL_T_Q4_0 = 2, SGL_T_Q4_1 = 3, SGL_T_Q8_0 = 8, SGL_T_Q4_K = 12, SGL_T_Q6_K = 14, SGL_T_BF16 = 30 };
 
 /* ---- decode step (decode.c) ------------------------------------------------------------ */
 
 /* Per-layer weight addresses in `layers`, sgl_decode_fields() int64 per layer, in this
- * order (0 = absent bias). */
+ * order (0 = absent bias), then the type tags (SGL_T_*) of the four matrices. */
 enum { SGL_L_LN1, SGL_L_QKV, SGL_L_QKV_B, SGL_L_O, SGL_L_O_B, SGL_L_LN2, SGL_L_GU, SGL_L_DOWN, SGL_L_K, SGL_L_V,
-       SGL_L_FIELDS };
+       SGL_L_QKV_T, SGL_L_O_T, SGL_L_GU_T, SGL_L_DOWN_T, SGL_L_FIELDS };
 
-/* A bf16 Llama-family model: fixed for the life of a decoder. */
+/* A Llama-family model (bf16 activations, norms and biases; bf16 or GGUF-block
+ * matrices): fixed for the life of a decoder. */
 typedef struct {
     int n_layers;
-    const int64_t *layers; /* [n_layers, SGL_L_FIELDS] addresses */
-    const uint16_t *embed, *norm_w, *head_w;
+    const int64_t *layers; /* [n_layers, SGL_L_FIELDS] addresses and type tags */
+    const void *embed;     /* [vocab] rows of type embed_t */
+    const uint16_t *norm_w;
+    const void *head_w;    /* [vocab] rows of type head_t */
     int vocab, hidden, nh, nkv, d, inter;
     float eps;
     const uint16_t *rope_cos, *rope_sin; /* [max_pos, d / 2] */
+    int embed_t, head_t;
 } sgl_decode_model;
 
 /* One step of `rows` single-token requests, and its scratch. */
@@ -53,6 +63,15 @@ int sgl_decode_simd(void); /* 0: plain C, 1: AVX512-BF16, 2: AVX2 + FMA */
 int64_t sgl_decode_ws(const sgl_decode_model *m, int rows);
 int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len);
 sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *b);
+
+/* ---- products over GGUF blocks (quant.c) ---------------------------------------------- */
+
+int sgl_quant_simd(void); /* 0: plain C, 2: AVX2 (maddubs), 3: AVX2 with VNNI dot products */
+int64_t sgl_quant_row_bytes(int type, int in); /* 0: not a block type here, or `in` not whole blocks */
+/* Y[b, o] (float) = W row o . X row b for B bf16 rows X [B, in], W [out] rows of `type`. */
+sgl_status sgl_quant_gemv(int type, const void *W, int out, int in, const uint16_t *X, int B, float *Y);
+/* W's `rows` rows dequantized into out [rows, in]. */
+sgl_status sgl_quant_dequant(int type, const void *W, int rows, int in, float *out);
 
 /* ---- attention over the KV pool (attention.c) ------------------------------------------ */
 
