@@ -36,6 +36,12 @@ def _cpu_decode_steps(scheduler: Any) -> int:
     return int(decoder.steps) if decoder is not None else 0
 
 
+def _cpu_paths(scheduler: Any) -> dict[str, Any] | None:
+    """The calibrated CPU paths (tuning/choice.py) and where each came from, or None."""
+    paths = getattr(scheduler.runner, "paths", None)
+    return paths.info() if paths is not None else None
+
+
 def inject_fault(scheduler: Any, point: str, once: bool) -> None:
     """For fault tests: once requests are decoding, fail at `point` of the loop ("loop":
     the loop dies; "step": one step fails) or die of a segfault ("segv", on the scheduler
@@ -60,7 +66,7 @@ def inject_fault(scheduler: Any, point: str, once: bool) -> None:
 CALLS: dict[str, Callable[..., Any]] = {
     "flush_cache": lambda s: bool(s.kv.flush()),
     "clear_hicache_storage": lambda s: s.clear_hicache_storage(),
-    "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s)},
+    "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s), "cpu_paths": _cpu_paths(s)},
     "check_invariants": lambda s: s.check_invariants(),
     "inject_fault": inject_fault,
     "clear_fault": lambda s: setattr(s, "fault_hook", None),

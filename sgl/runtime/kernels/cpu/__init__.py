@@ -65,13 +65,22 @@ def load(march: str = "native") -> ctypes.CDLL | None:
     return _libs[march]
 
 
-def _load(march: str) -> ctypes.CDLL | None:
+def build_key(march: str = "native") -> str | None:
+    """The identity of this host's kernel build (sources, compiler, -march, CPU flags), or
+    None without a compiler; runtime/tuning keys its measurements by it too."""
     cc = settings().cc or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.warning("no C compiler found: the CPU decode kernel is off (torch path instead)")
         return None
     src = b"".join(p.read_bytes() for p in _SOURCES)
-    key = hashlib.sha256(src + cc.encode() + march.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    return hashlib.sha256(src + cc.encode() + march.encode() + _cpu_flags().encode()).hexdigest()[:16]
+
+
+def _load(march: str) -> ctypes.CDLL | None:
+    cc = settings().cc or shutil.which("cc") or shutil.which("gcc")
+    key = build_key(march)
+    if cc is None or key is None:
+        log.warning("no C compiler found: the CPU decode kernel is off (torch path instead)")
+        return None
     out = cache_dir() / "kernels" / f"decode-{key}.so"
     try:
         if not out.exists():
