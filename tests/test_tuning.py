@@ -129,7 +129,7 @@ def test_fp32_linear_path_is_within_bf16_rounding_and_batch_independent():
         w = (0.1 * torch.randn(out, inp, generator=g)).to(torch.bfloat16)
         bias = (0.1 * torch.randn(out, generator=g)).to(torch.bfloat16)
         fw = fp32_weight(w, bias)
-        assert isinstance(fw, Fp32Weight) and fw.min_rows >= 1
+        assert isinstance(fw, Fp32Weight) and fw.min_rows >= 32
         x = torch.randn(300, inp, generator=g).to(torch.bfloat16)
         exact = x.double() @ w.double().T + bias.double()
         got = linear(x, w, fw, bias)
@@ -139,7 +139,7 @@ def test_fp32_linear_path_is_within_bf16_rounding_and_batch_independent():
         ref = torch.nn.functional.linear(x, w, bias)  # today's bf16 path
         assert ((got.float() - ref.float()).abs() <= ref.float().abs() * 2 ** -6 + 2e-2).all()
         # A row's bits do not depend on how many rows share its product, nor where it sits.
-        for lo, hi in ((0, 1), (0, 2), (7, 10), (0, 33), (100, 300)):
+        for lo, hi in ((0, 1), (0, 2), (7, 10), (0, 6), (3, 10), (0, 11), (0, 33), (100, 300)):
             assert torch.equal(linear(x[lo:hi], w, fw, bias), got[lo:hi]), (out, inp, lo, hi)
 
 

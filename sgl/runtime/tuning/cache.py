@@ -22,7 +22,7 @@ from typing import Any
 
 log = logging.getLogger("sgl.tuning")
 
-FORMAT = 1  # bump when the file layout or the meaning of an item changes
+FORMAT = 2  # bump when the file layout or the meaning of an item changes
 
 
 def cpu_identity(cpuinfo: str | None = None) -> tuple[str, str]:

@@ -17,8 +17,8 @@ product is rounded back to bf16, so the model (KV, C decode step) stays bf16. MK
 sgemm picks another kernel for a few rows (its gemv path sums in another order), so at
 build time each shape is checked: the rows of an M-row product must equal the same rows
 of a large product, and products of fewer rows than the smallest M that matched (with
-every larger checked M) are zero-padded up to it, so a row's bits never depend on how
-many rows share its step.
+every larger checked M, and at least FP32_MIN_ROWS) are zero-padded up to it, so a row's
+bits do not depend on how many rows share its step.
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None,
     return PackedWeight(packed, rows) if rows > 0 else None
 
 
-# Row counts checked for the fp32 path, against the same rows of a larger product: 1024
-# rows (a prefill chunk's size), or 256 for the big LM head (its rows are logits rows).
-FP32_CHECK_ROWS = (1, 2, 3, 4, 8, 16, 17, 32, 33, 64, 100, 128, 256, 512)
+# Products of fewer rows are always padded to FP32_MIN_ROWS: below it MKL's choice of
+# kernel varies with the row count itself (measured on Zen 3: rows 1-3, 6, 7 and 11 differ
+# for SmolLM2's shapes, none from 12 to 600). Row counts checked from there, against the
+# same rows of a larger product: 1024 rows (a prefill chunk), or 256 for a big LM head.
+FP32_MIN_ROWS = 32
+FP32_CHECK_ROWS = (32, 33, 47, 64, 100, 128, 255, 256, 512)
 BIG_WEIGHT = 1 << 22  # elements
 
 
@@ -108,7 +111,7 @@ def _fp32_min_rows(w32: torch.Tensor, b32: torch.Tensor | None) -> int:
         if not same:
             break
         good = rows
-    return good
+    return max(good, FP32_MIN_ROWS) if good else 0
 
 
 def fp32_weight(w: torch.Tensor, bias: torch.Tensor | None = None,
