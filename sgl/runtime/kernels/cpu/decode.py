@@ -119,15 +119,15 @@ class CpuDecoder:
 
     def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scratch for `b` rows, and the logits buffer to write this step. Logits buffers
-        alternate between two per batch size instead of being copied out each step: the
+        alternate between two instead of being copied out each step: the
         caller is done with a step's logits before the step after next overwrites them."""
-        ws = self._ws.get(b)
+        ws = self._ws.get(self.max_rows)  # one set sized for max_rows serves every b (sizes grow with rows)
         if ws is None:
-            n = self.kernels.decode_ws(self.params, b)
-            ws = self._ws[b] = (torch.empty(n, dtype=torch.bfloat16),
-                                [torch.empty(b, self.params.vocab, dtype=torch.float32) for _ in range(2)])
+            n, m = self.kernels.decode_ws(self.params, self.max_rows), self.max_rows
+            ws = self._ws[m] = (torch.empty(n, dtype=torch.bfloat16),
+                                [torch.empty(m, self.params.vocab, dtype=torch.float32) for _ in range(2)])
         self._flip ^= 1
-        return ws[0], ws[1][self._flip]
+        return ws[0], ws[1][self._flip][:b]
 
     @staticmethod
     def _token_rows(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
