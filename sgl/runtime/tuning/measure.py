@@ -99,7 +99,7 @@ def attention_backends(model: Any, names: list[str], reps: int = 3) -> dict[str,
     q = torch.randn(PREFILL_ROWS, h, c.head_dim, generator=g).to(model.dtype)
     k = torch.randn(PREFILL_ROWS, kv, c.head_dim, generator=g).to(model.dtype)
     v = torch.randn(PREFILL_ROWS, kv, c.head_dim, generator=g).to(model.dtype)
-    out = {}
+    out: dict[str, float] = {}
     for name in names:
         attn = create_attention_backend(name, bench.pool, "cpu")
 
@@ -119,10 +119,13 @@ def decode_threads(model: Any, kernels: Any, reps: int = 3) -> dict[str, float]:
 
     bench = Bench(model, CONTEXT, MAX_ROWS)
     batches = [bench.decode(1), bench.decode(MAX_ROWS)]
-    out = {}
+    out: dict[str, float] = {}
     for threads in (1, 2):
         dec = CpuDecoder(model, kernels, threads, MAX_ROWS)
-        out[str(threads)] = sum(median_ms(lambda b=b: dec.forward(b, bench.pool), reps) for b in batches)
+        total = 0.0
+        for batch in batches:
+            total += median_ms(lambda: dec.forward(batch, bench.pool), reps)
+        out[str(threads)] = total
     return out
 
 
