@@ -74,7 +74,9 @@ class EngineConfig(SharedOptions):
     schedule_policy: str = _f("lpm", "waiting-queue order: lpm (longest cached prefix), fcfs, dfs-weight",
                               SCHEDULE_POLICIES)
     disable_radix_cache: bool = _f(False, "do not share KV between requests (for comparison)")
-    attention_backend: str | None = _f(None, "cpu, torch or triton (default: triton on CUDA, else cpu where its C kernel applies)")
+    attention_backend: str | None = _f(None, "cpu, torch or triton (default: triton on CUDA; on the CPU the faster of "
+                                             "cpu (its C kernel, where it applies) and torch, measured at first start "
+                                             "on this host and cached)")
     disable_jump_forward: bool = _f(False, "sample forced grammar strings token by token (for comparison)")
     enable_mixed_chunk: bool = _f(False, "run running requests' decode steps inside prefill batches "
                                          "(no pause while long prompts are prefilled)")
@@ -83,8 +85,16 @@ class EngineConfig(SharedOptions):
     num_threads: int | None = _f(None, "torch CPU threads (default: all cores)")
     disable_cpu_decode_kernel: bool = _f(False, "run small bf16 CPU decode batches through torch ops instead of "
                                                 "the C decode kernel (for comparison)")
-    cpu_decode_threads: int | None = _f(None, "threads of the C decode kernel, 1 or 2 (default: 2 when torch has 2+; "
-                                              "use 1 on a machine other busy processes share)", (1, 2))
+    cpu_decode_threads: int | None = _f(None, "threads of the C decode kernel, 1 or 2 (default: measured at first "
+                                              "start and cached; use 1 on a machine other busy processes share)",
+                                        (1, 2))
+    cpu_decode_max_rows: str = _f("auto", "most rows (tokens) a step may have to run on the C decode kernel: auto "
+                                          "(measured at first start against the torch path, and cached) or a "
+                                          "number up to what the kernel build takes (8 with AVX512-BF16)")
+    cpu_linear: str = _f("auto", "how bf16 CPU steps outside the C decode kernel run their matmuls: bf16 GEMMs on "
+                                 "the bf16 weights, fp32 GEMMs on fp32 copies (rounded back to bf16; for CPUs "
+                                 "without bf16 matmul hardware), or auto (measured at first start, cached)",
+                         ("auto", "bf16", "fp32"))
     disable_packed_linears: bool = _f(False, "keep small-batch CPU matmuls on the plain weight layout instead of "
                                              "oneDNN's prepacked one (used only where verified bit-identical)")
     tp_size: int = _f(1, "tensor-parallel ranks (processes) the model is split over")
@@ -161,6 +171,7 @@ class EngineConfig(SharedOptions):
                 raise ValueError(f"dist_init_addr must be HOST:PORT, got {self.dist_init_addr!r}")
         if self.dist_timeout <= 0:
             raise ValueError("dist_timeout must be > 0 seconds")
+        self.decode_max_rows()  # ValueError naming --cpu-decode-max-rows
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.data_parallel_rank is not None and self.data_parallel_rank < 0:
@@ -224,6 +235,15 @@ class EngineConfig(SharedOptions):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"--hicache-storage-backend-extra-config: prefetch_timeout must be a positive number "
                              f"of seconds, got {timeout!r}")
+
+    def decode_max_rows(self) -> int | None:
+        """--cpu-decode-max-rows as a number, or None for auto (measured)."""
+        text = str(self.cpu_decode_max_rows).strip().lower()
+        if text == "auto":
+            return None
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--cpu-decode-max-rows must be auto or a positive number, got {self.cpu_decode_max_rows!r}")
+        return int(text)
 
     def hicache_storage_extra(self) -> dict[str, Any]:
         """The parsed JSON object of --hicache-storage-backend-extra-config ({} when unset)."""

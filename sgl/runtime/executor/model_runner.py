@@ -11,22 +11,26 @@ than it was built for, one of the suspects of issue #19).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sgl.runtime.attention.base import AttentionBackend
 from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
-from sgl.runtime.kernels.cpu.decode import CpuDecoder
+from sgl.runtime.kernels.cpu.decode import MAX_ROWS, CpuDecoder
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, attn: AttentionBackend, use_cpu_decode_kernel: bool = True,
-                 cpu_decode_threads: int | None = None) -> None:
+                 cpu_decode_threads: int | None = None, cpu_decode_max_rows: int = MAX_ROWS,
+                 paths: Any = None) -> None:
         self.model = model
         self.attn = attn
         # The C step reads the pool in the torch backend's layout (the cpu backend's too).
         use = use_cpu_decode_kernel and isinstance(attn, TorchAttentionBackend)
-        self.cpu_decoder = CpuDecoder.create(model, cpu_decode_threads) if use else None
+        self.cpu_decoder = CpuDecoder.create(model, cpu_decode_threads, cpu_decode_max_rows) if use else None
+        self.paths = paths  # tuning/choice.PathChoice this runner was built from (server info), or None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -34,7 +34,7 @@ from sgl.runtime.distributed.parallel import HeadShard, TPInfo, all_reduce, head
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
 from sgl.runtime.kernels.cpu import ops as cpu_ops
-from sgl.runtime.kernels.cpu.linear import PackedWeight, linear, pack_weight
+from sgl.runtime.kernels.cpu.linear import Fp32Weight, PackedWeight, fp32_weight, linear, pack_weight
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -135,7 +135,8 @@ class DecoderLayer(nn.Module):
         self.o_bias = _param(c.hidden_size, dtype=dtype) if c.o_proj_bias else None
         self.gate_up_weight = _param(2 * inter, c.hidden_size, dtype=dtype)
         self.down_weight = _param(c.hidden_size, inter, dtype=dtype)
-        self.packed: dict[str, PackedWeight | None] = {}
+        # Each projection's fast form, if any: prepacked bf16, or fp32 (kernels/cpu/linear.py).
+        self.packed: dict[str, PackedWeight | Fp32Weight | None] = {}
 
     @property
     def o_bias_here(self) -> torch.Tensor | None:
@@ -147,6 +148,16 @@ class DecoderLayer(nn.Module):
         biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias_here}
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             self.packed[name] = pack_weight(getattr(self, name), biases.get(name), verified)
+
+    def use_fp32_linears(self, verified: dict[tuple, int]) -> int:
+        """Run the projections as fp32 GEMMs on fp32 copies where verified; how many switched."""
+        biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias_here}
+        n = 0
+        for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+            fw = fp32_weight(getattr(self, name), biases.get(name), verified)
+            if fw is not None:
+                self.packed[name], n = fw, n + 1
+        return n
 
     def forward(
         self,
@@ -215,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
         # Cached in the model dtype: HF also casts cos/sin to the activation dtype.
         self.register_buffer("rope_cos", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("rope_sin", freqs.sin().to(dtype), persistent=False)
-        self.packed_head: PackedWeight | None = None
+        self.packed_head: PackedWeight | Fp32Weight | None = None
 
     def prepack(self) -> None:
         """Pack weights for fast small batches on the CPU; call after the weights are loaded."""
@@ -223,6 +234,17 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             layer.prepack(verified)
         self.packed_head = pack_weight(self.embed_tokens if self.lm_head is None else self.lm_head, None, verified)
+
+    def use_fp32_linears(self, verified: dict[tuple, int] | None = None) -> tuple[int, int]:
+        """Switch the bf16 CPU projections (and the LM head) to the fp32 GEMM path, weight
+        shapes where it checks out bit-stable (kernels/cpu/linear.py); (switched, total).
+        `verified`: the per-shape checks, filled in here (a caller may keep them per host)."""
+        verified = {} if verified is None else verified
+        n = sum(layer.use_fp32_linears(verified) for layer in self.layers)
+        head = fp32_weight(self.embed_tokens if self.lm_head is None else self.lm_head, None, verified)
+        if head is not None:
+            self.packed_head, n = head, n + 1
+        return n, 4 * len(self.layers) + 1
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:

@@ -67,17 +67,22 @@ def build_rank(cfg: EngineConfig, hf_dir: str, tp: TPInfo) -> RankModel:
     from sgl.runtime.executor.model_runner import ModelRunner
     from sgl.runtime.models.loader import load_model
 
+    from sgl.runtime.tuning.calibrate import choose_paths
+
     device = resolve_device(cfg)
     loaded = load_model(hf_dir, dtype=cfg.dtype, device=device, cache_dir=cfg.cache_dir,
                         prepack=not cfg.disable_packed_linears, tp=tp, quantization=cfg.quantization)
     mc = loaded.config
     model = loaded.model
+    # Flags, else this host's cached measurements, else measured now (fp32 linears applied here).
+    paths = choose_paths(cfg, model, device, tp.size)
     dtype = next(model.parameters()).dtype
     kv_heads = getattr(model, "num_local_kv_heads", mc.num_kv_heads)
     num_tokens = pool_tokens(cfg, mc, kv_heads, dtype, tp)
     pool = KVPool(num_tokens + 1, mc.num_layers, kv_heads, mc.head_dim, dtype, device)
-    attn = create_attention_backend(cfg.attention_backend, pool, device)
-    runner = ModelRunner(model, attn, not cfg.disable_cpu_decode_kernel, cfg.cpu_decode_threads)
+    attn = create_attention_backend(paths.attention_backend, pool, device)
+    runner = ModelRunner(model, attn, not cfg.disable_cpu_decode_kernel, paths.decode_threads,
+                         paths.decode_max_rows, paths)
     return RankModel(model=model, config=mc, tokenizer=loaded.tokenizer, pool=pool, runner=runner, device=device,
                      context_length=cfg.context_length or mc.max_position_embeddings,
                      max_total_tokens=num_tokens, tp=tp, host_pool=host_tier(cfg, pool, num_tokens, device))
@@ -135,18 +140,18 @@ def speculator(cfg: EngineConfig, rm: RankModel, table: Any) -> Any:
     """Rank 0's speculative decoding (scheduler/speculate.py), or None when it is off."""
     if cfg.speculative_algorithm is None:
         return None
-    from sgl.runtime.kernels.cpu.decode import MAX_ROWS
     from sgl.runtime.scheduler.scheduler import Scheduler
     from sgl.runtime.scheduler.speculate import Speculator
     from sgl.runtime.speculative.proposer import SpecOptions, algorithm_name
 
-    c_step = getattr(rm.runner, "cpu_decoder", None) is not None
+    decoder = getattr(rm.runner, "cpu_decoder", None)
+    c_step = decoder is not None
     row_cost = None
     # With tensor parallelism a lone forward here would wait on the other ranks: no gating.
     if cfg.speculative_draft_policy == "adaptive" and rm.tp.size == 1:
         from sgl.runtime.speculative.calibrate import measure_row_cost
 
-        rows = MAX_ROWS if c_step else cfg.speculative_num_draft_tokens + 1
+        rows = decoder.max_rows if c_step else cfg.speculative_num_draft_tokens + 1
         row_cost = measure_row_cost(rm.runner, table.table, rows)
         log.info("speculative decoding: a draft row costs %.3f of a one-row decode step here", row_cost)
     opts = SpecOptions(
@@ -154,10 +159,11 @@ def speculator(cfg: EngineConfig, rm: RankModel, table: Any) -> Any:
         num_draft_tokens=cfg.speculative_num_draft_tokens,
         ngram_min_window=cfg.speculative_ngram_min_match_window_size,
         ngram_max_window=cfg.speculative_ngram_max_match_window_size,
-        # Keep verification steps on the C decode step where it runs (it takes MAX_ROWS rows).
-        max_step_rows=MAX_ROWS if c_step else None,
+        # Keep verification steps on the C decode step where it runs (it takes max_rows rows).
+        max_step_rows=decoder.max_rows if c_step else None,
         row_cost=row_cost,
     )
+    paths = getattr(rm.runner, "paths", None)  # the draft runs on the target's measured paths
     if opts.algorithm == "ngram":
         from sgl.runtime.speculative.ngram import NgramProposer
 
@@ -169,8 +175,9 @@ def speculator(cfg: EngineConfig, rm: RankModel, table: Any) -> Any:
             cfg.speculative_draft_model_path, dtype=cfg.dtype, device=rm.device, max_tokens=rm.max_total_tokens,
             target_vocab_size=rm.config.vocab_size, cache_dir=cfg.cache_dir, context_length=rm.context_length,
             max_requests=cfg.max_running_requests + Scheduler.REQ_TABLE_SLACK,
-            attention_backend=cfg.attention_backend, prepack=not cfg.disable_packed_linears,
-            use_cpu_decode_kernel=not cfg.disable_cpu_decode_kernel, cpu_decode_threads=cfg.cpu_decode_threads)
+            attention_backend=paths.attention_backend if paths else cfg.attention_backend,
+            prepack=not cfg.disable_packed_linears, use_cpu_decode_kernel=not cfg.disable_cpu_decode_kernel,
+            cpu_decode_threads=paths.decode_threads if paths else cfg.cpu_decode_threads)
     log.info("speculative decoding: %s, up to %d drafts per request per step", opts.algorithm, opts.num_draft_tokens)
     return Speculator(opts, proposer)
 

@@ -47,6 +47,12 @@ def _quantization(scheduler: Any) -> dict[str, Any]:
             "quantized_weight_bytes": decoder.blocks.nbytes()}
 
 
+def _cpu_paths(scheduler: Any) -> dict[str, Any] | None:
+    """The calibrated CPU paths (tuning/choice.py) and where each came from, or None."""
+    paths = getattr(scheduler.runner, "paths", None)
+    return paths.info() if paths is not None else None
+
+
 def inject_fault(scheduler: Any, point: str, once: bool) -> None:
     """For fault tests: once requests are decoding, fail at `point` of the loop ("loop":
     the loop dies; "step": one step fails) or die of a segfault ("segv", on the scheduler
@@ -71,7 +77,8 @@ def inject_fault(scheduler: Any, point: str, once: bool) -> None:
 CALLS: dict[str, Callable[..., Any]] = {
     "flush_cache": lambda s: bool(s.kv.flush()),
     "clear_hicache_storage": lambda s: s.clear_hicache_storage(),
-    "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s), **_quantization(s)},
+    "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s), **_quantization(s),
+                           "cpu_paths": _cpu_paths(s)},
     "check_invariants": lambda s: s.check_invariants(),
     "inject_fault": inject_fault,
     "clear_fault": lambda s: setattr(s, "fault_hook", None),

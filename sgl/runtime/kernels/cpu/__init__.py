@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from sgl.runtime.native.build import build_library
+from sgl.runtime.native.build import build_library, library_key
 
 # Every C file here goes into one library (kernels share team.c's helper thread).
 _SOURCES = sorted(p for p in Path(__file__).parent.iterdir() if p.suffix in (".c", ".h"))
@@ -28,3 +28,9 @@ def load(march: str = "native") -> ctypes.CDLL | None:
     if march not in _libs:
         _libs[march] = build_library("decode", _SOURCES, march)
     return _libs[march]
+
+
+def build_key(march: str = "native") -> str | None:
+    """The identity of this host's kernel build (sources, compiler, -march, CPU flags), or
+    None without a compiler; runtime/tuning keys its measurements by it too."""
+    return library_key(_SOURCES, march)

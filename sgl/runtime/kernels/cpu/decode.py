@@ -21,8 +21,12 @@ from sgl.runtime.kernels.cpu.binding import DecodeBatch, DecodeModel, Kernels, S
 
 # Batch sizes up to this stream the weights once for all rows (batch 8 with two threads:
 # 24 ms per step vs 31 for torch); past it the arithmetic outgrows the streaming and
-# oneDNN's GEMMs win.
+# oneDNN's GEMMs win where bf16 GEMMs have hardware. The default: runtime/tuning measures
+# the limit per host (`max_rows`), up to what the build allows (`row_limit`).
 MAX_ROWS = 8
+# The AVX2 step sums every row alike whatever the batch (groups of 3 rows); the
+# AVX512-BF16 one only up to 8 rows (its register tile), the plain-C one alike but slowly.
+AVX2_ROW_LIMIT = 64
 
 log = logging.getLogger("sgl.kernels")
 
@@ -34,6 +38,11 @@ def default_threads() -> int:
     side by side), but the helper spins during a step, which costs more than it gains
     when other busy processes want the cores: there, configure 1."""
     return 2 if torch.get_num_threads() >= 2 else 1
+
+
+def row_limit(kernels: Kernels) -> int:
+    """The most rows one step of this build sums alike whatever the batch (see AVX2_ROW_LIMIT)."""
+    return AVX2_ROW_LIMIT if kernels.decode_simd() == 2 else MAX_ROWS
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -51,10 +60,13 @@ class CpuDecoder:
     Where the model carries `gguf_blocks` (models/gguf_blocks.py, --quantization gguf),
     the matrices found there are read as GGUF blocks instead of the bf16 copies."""
 
-    def __init__(self, model: Any, kernels: Kernels, threads: int, native_blocks: bool = True) -> None:
+    def __init__(self, model: Any, kernels: Kernels, threads: int, max_rows: int = MAX_ROWS,
+                 native_blocks: bool = True) -> None:
         if threads not in (1, 2):
             raise ValueError(f"the C decode kernel runs on 1 or 2 threads, got {threads}")
-        self.model, self.kernels, self.threads = model, kernels, threads
+        if not 1 <= max_rows <= row_limit(kernels):
+            raise ValueError(f"this build of the C decode kernel takes 1..{row_limit(kernels)} rows, got {max_rows}")
+        self.model, self.kernels, self.threads, self.max_rows = model, kernels, threads, max_rows
         # the model's GGUF blocks, read instead of its bf16 matrices (native_blocks=False: the bf16 path)
         self.blocks = getattr(model, "gguf_blocks", None) if native_blocks else None
         c = model.config
@@ -71,7 +83,7 @@ class CpuDecoder:
         self.steps = 0  # decode steps run here (tests and stats read it)
 
     @classmethod
-    def create(cls, model: Any, threads: int | None = None) -> "CpuDecoder | None":
+    def create(cls, model: Any, threads: int | None = None, max_rows: int = MAX_ROWS) -> "CpuDecoder | None":
         """A decoder for `model`, or None where the kernel does not apply (not bf16 on
         the CPU, a tensor-parallel shard, or no C compiler). Builds the library now, so the
         first request does not wait for the compiler."""
@@ -84,14 +96,14 @@ class CpuDecoder:
                      "decode steps run the torch forward", tp.size)
             return None
         kernels = binding.kernels()
-        return cls(model, kernels, threads or default_threads()) if kernels is not None else None
+        return cls(model, kernels, threads or default_threads(), max_rows) if kernels is not None else None
 
     def supports(self, batch: ForwardBatch, pool: Any) -> bool:
-        """Whether this step can run here: 1..MAX_ROWS new tokens on a bf16 pool, each
+        """Whether this step can run here: 1..max_rows new tokens on a bf16 pool, each
         request extending a non-empty prefix (a decode step; or a few tokens per request:
         speculative drafts, a jump-forward run)."""
         return (pool is not None and pool.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
-                and batch.req_to_token.dtype == torch.int64 and 0 < batch.num_tokens <= MAX_ROWS
+                and batch.req_to_token.dtype == torch.int64 and 0 < batch.num_tokens <= self.max_rows
                 and all(p > 0 for p in batch.prefix_lens_cpu))
 
     @property
@@ -150,15 +162,15 @@ class CpuDecoder:
 
     def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scratch for `b` rows, and the logits buffer to write this step. Logits buffers
-        alternate between two per batch size instead of being copied out each step: the
+        alternate between two instead of being copied out each step: the
         caller is done with a step's logits before the step after next overwrites them."""
-        ws = self._ws.get(b)
+        ws = self._ws.get(self.max_rows)  # one set sized for max_rows serves every b (sizes grow with rows)
         if ws is None:
-            n = self.kernels.decode_ws(self.params, b)
-            ws = self._ws[b] = (torch.empty(n, dtype=torch.bfloat16),
-                                [torch.empty(b, self.params.vocab, dtype=torch.float32) for _ in range(2)])
+            n, m = self.kernels.decode_ws(self.params, self.max_rows), self.max_rows
+            ws = self._ws[m] = (torch.empty(n, dtype=torch.bfloat16),
+                                [torch.empty(m, self.params.vocab, dtype=torch.float32) for _ in range(2)])
         self._flip ^= 1
-        return ws[0], ws[1][self._flip]
+        return ws[0], ws[1][self._flip][:b]
 
     @staticmethod
     def _token_rows(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:

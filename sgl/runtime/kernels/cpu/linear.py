@@ -9,6 +9,16 @@ summation order). A step's rows must not round differently from the same rows in
 larger batch, so at pack time each weight shape is checked against `F.linear` at
 CHECK_ROWS row counts (with its bias) and the packed path serves only up to the last
 count that matched bit for bit; past it, and where packing fails, `F.linear` runs.
+
+The fp32 path (`Fp32Weight`, chosen by measurement in runtime/tuning) serves hosts where
+bf16 GEMMs have no hardware (AVX2: oneDNN's bf16 matmul runs 5-17 GFLOP/s, fp32 ~76): a
+float32 copy of the bf16 weight is made once, the bf16 activations are upcast, and the
+product is rounded back to bf16, so the model (KV, C decode step) stays bf16. MKL's
+sgemm picks another kernel for a few rows (its gemv path sums in another order), so at
+build time each shape is checked: the rows of an M-row product must equal the same rows
+of a large product, and products of fewer rows than the smallest M that matched (with
+every larger checked M, and at least FP32_MIN_ROWS) are zero-padded up to it, so a row's
+bits do not depend on how many rows share its step.
 """
 
 from __future__ import annotations
@@ -70,8 +80,73 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None,
     return PackedWeight(packed, rows) if rows > 0 else None
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, packed: PackedWeight | None,
+# Products of fewer rows are always padded to FP32_MIN_ROWS: below it MKL's choice of
+# kernel varies with the row count itself (measured on Zen 3: rows 1-3, 6, 7 and 11 differ
+# for SmolLM2's shapes, none from 12 to 600). Row counts checked from there, against the
+# same rows of a larger product: 1024 rows (a prefill chunk), or 256 for a big LM head.
+FP32_MIN_ROWS = 32
+FP32_CHECK_ROWS = (32, 33, 47, 64, 100, 128, 255, 256, 512)
+BIG_WEIGHT = 1 << 22  # elements
+
+
+@dataclass(frozen=True)
+class Fp32Weight:
+    weight: torch.Tensor  # float32 copy of the [out, in] bf16 weight
+    bias: torch.Tensor | None  # float32 copy of the bias
+    min_rows: int  # products of fewer rows are zero-padded to this many (see the module docstring)
+
+
+def _fp32_min_rows(w32: torch.Tensor, b32: torch.Tensor | None) -> int:
+    """The smallest checked row count from which every checked count gives the large
+    product's bits (also at an offset into the batch), or 0 where none does."""
+    g = torch.Generator().manual_seed(0)
+    ref_rows = 256 if w32.numel() > BIG_WEIGHT else 1024
+    x = torch.randn(ref_rows, w32.shape[1], generator=g).to(torch.bfloat16).float()
+    ref = F.linear(x, w32, b32).to(torch.bfloat16)
+    good = 0
+    for rows in reversed([r for r in FP32_CHECK_ROWS if r + 5 <= ref_rows]):
+        same = torch.equal(F.linear(x[:rows], w32, b32).to(torch.bfloat16), ref[:rows])
+        off = 5  # the same rows at another place in the batch
+        same = same and torch.equal(F.linear(x[off:off + rows], w32, b32).to(torch.bfloat16), ref[off:off + rows])
+        if not same:
+            break
+        good = rows
+    return max(good, FP32_MIN_ROWS) if good else 0
+
+
+def fp32_weight(w: torch.Tensor, bias: torch.Tensor | None = None,
+                verified: dict[tuple, int] | None = None) -> Fp32Weight | None:
+    """The fp32 form of a bf16 [out, in] CPU weight, or None where no row count checked
+    out (then the caller keeps the bf16 path for this weight). `verified` memoizes the
+    check per (shape, has bias): MKL picks its kernel by shape, not by values."""
+    if w.device.type != "cpu" or w.dtype != torch.bfloat16:
+        return None
+    w32 = w.detach().float().contiguous()
+    b32 = bias.detach().float() if bias is not None else None
+    key = ("fp32", tuple(w.shape), bias is not None)
+    rows = verified.get(key) if verified is not None else None
+    if rows is None:
+        rows = _fp32_min_rows(w32, b32)
+        if verified is not None:
+            verified[key] = rows
+    return Fp32Weight(w32, b32, rows) if rows > 0 else None
+
+
+def fp32_mm(x: torch.Tensor, fw: Fp32Weight) -> torch.Tensor:
+    """bf16(x @ W.T + b) computed in float32, padded to `fw.min_rows` rows."""
+    n = x.shape[0]
+    xf = x.float()
+    if n < fw.min_rows:
+        xf = torch.cat((xf, xf.new_zeros(fw.min_rows - n, xf.shape[1])))
+    y = F.linear(xf, fw.weight, fw.bias).to(x.dtype)
+    return y[:n] if n < fw.min_rows else y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, packed: PackedWeight | Fp32Weight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ bias) on the weight's fast form where it has one (`packed`)."""
+    if isinstance(packed, Fp32Weight):
+        return fp32_mm(x, packed)
     if packed is not None and x.shape[0] <= packed.max_rows:
         return _packed_mm(x, packed.tensor, bias)
     return F.linear(x, w, bias)

@@ -1,0 +1,99 @@
+"""Where calibrated paths are kept: one JSON file per (host, kernel build, torch, model
+shapes, threads) under `<cache dir>/tuning/`.
+
+The key's parts are the facts a measurement depends on: the CPU's model name and flags
+line (/proc/cpuinfo), the C kernel build (kernels/cpu `build_key`: sources, compiler,
+CPU flags), torch's version, the model's shape signature and the thread count. A file
+holds {"key": parts, "items": {name: {"value": ..., "timings_ms": {...}}}}; items measured
+at a later start are merged in. A file that does not parse, or whose key differs (a hash
+collision, a hand edit), is ignored with a warning and rewritten; writes go to a
+temporary file renamed into place, so concurrent starts never read half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sgl.tuning")
+
+FORMAT = 2  # bump when the file layout or the meaning of an item changes
+
+
+def cpu_identity(cpuinfo: str | None = None) -> tuple[str, str]:
+    """(model name, flags line) of this CPU from /proc/cpuinfo (empty where unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    name = flags = ""
+    for line in cpuinfo.splitlines():
+        head, _, value = line.partition(":")
+        if head.strip() == "model name" and not name:
+            name = value.strip()
+        elif head.strip() in ("flags", "Features") and not flags:
+            flags = value.strip()
+    return name, flags
+
+
+def shape_signature(config: Any, dtype: str) -> str:
+    """The model shapes measurements run on (weights' values do not matter)."""
+    c = config
+    return (f"L{c.num_layers}-h{c.hidden_size}-i{c.intermediate_size}-q{c.num_heads}-kv{c.num_kv_heads}"
+            f"-d{c.head_dim}-v{c.vocab_size}-b{int(bool(c.attention_bias))}{int(bool(c.o_proj_bias))}"
+            f"-t{int(bool(c.tie_word_embeddings))}-{dtype}")
+
+
+def key_parts(cpu: tuple[str, str], build: str | None, torch_version: str, shapes: str, threads: int) -> dict[str, Any]:
+    return {"format": FORMAT, "cpu_model": cpu[0], "cpu_flags": cpu[1], "kernel_build": build or "none",
+            "torch": torch_version, "model_shapes": shapes, "threads": threads}
+
+
+def cache_path(root: Path, parts: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+    return root / "tuning" / f"paths-{digest}.json"
+
+
+def read_items(path: Path, parts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The cached items of `parts` at `path`, {} when there is none (or it is unusable)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        log.warning("path calibration cache %s unreadable (%s): measuring again", path, e)
+        return {}
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("key") != parts or not isinstance(data.get("items"), dict):
+            raise ValueError("not a calibration file of this host, build and model")
+        items = data["items"]
+        for name, item in items.items():
+            if not isinstance(item, dict) or "value" not in item:
+                raise ValueError(f"item {name!r} has no value")
+        return items
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        log.warning("path calibration cache %s is corrupt (%s): ignoring it; it will be rewritten", path, e)
+        return {}
+
+
+def write_items(path: Path, parts: dict[str, Any], items: dict[str, dict[str, Any]]) -> None:
+    """Write atomically; a failure (read-only cache folder) only warns: the choice still holds."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": parts, "items": items}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as e:
+        log.warning("could not write the path calibration cache %s: %s", path, e)

@@ -1,0 +1,208 @@
+"""Decide the CPU paths of one worker: explicit flags first, then this host's cached
+measurements, then new measurements (tuning/measure.py) of whatever is still open.
+
+    flag given ──► that value (nothing timed)
+    else cached for this CPU + flags, kernel build, torch, model shapes, threads ──► reuse
+    else time the candidates on the model's real shapes ──► cache (merged) ──► use
+
+Only a bf16 model on the CPU without tensor parallelism is measured; anything else gets
+the flags or today's defaults. The order matters: the linear path is applied to the
+model (fp32 copies of the projections) before the C decode step's row limit is timed
+against the model's torch forward, which runs on that path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sgl.runtime.config import EngineConfig, cache_dir
+from sgl.runtime.tuning import cache as tcache
+from sgl.runtime.tuning import measure
+from sgl.runtime.tuning.choice import PathChoice
+
+log = logging.getLogger("sgl.tuning")
+
+ROW_CANDIDATES = (8, 16, 32)  # C decode step row limits tried (within the build's limit)
+FP32_CHECKS = "fp32_linear_checks"  # cache item: weight shape -> rows the fp32 path pads to (0: unusable)
+
+
+def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, timers: Any = measure,
+                 cpuinfo: str | None = None) -> PathChoice:
+    """The paths for `model` on this host (see the module docstring). `timers` is the
+    measuring module (tests wrap it to count calls); `cpuinfo` replaces /proc/cpuinfo."""
+    from sgl.runtime.attention.registry import resolve_backend_name
+    from sgl.runtime.kernels.cpu import binding, build_key
+    from sgl.runtime.kernels.cpu.decode import MAX_ROWS, default_threads, row_limit
+
+    kernels = binding.kernels() if device == "cpu" else None
+    c_step = kernels is not None and not cfg.disable_cpu_decode_kernel and model.dtype == torch.bfloat16
+    limit = row_limit(kernels) if kernels is not None else MAX_ROWS
+    rows_flag = cfg.decode_max_rows()
+    if rows_flag is not None and c_step and rows_flag > limit:
+        raise ValueError(f"--cpu-decode-max-rows {rows_flag}: this build of the C decode kernel takes at most "
+                         f"{limit} rows on this CPU")
+    attn_flag = None if cfg.attention_backend in (None, "auto") else cfg.attention_backend
+    linear_flag = None if cfg.cpu_linear == "auto" else cfg.cpu_linear
+    picks: dict[str, Any] = {"attention_backend": attn_flag, "linear": linear_flag,
+                             "decode_threads": cfg.cpu_decode_threads, "decode_max_rows": rows_flag}
+    sources = {k: "flag" for k, v in picks.items() if v is not None}
+    if model.dtype != torch.bfloat16 or device != "cpu" or tp_size > 1:
+        # Nothing to measure: a float32 model has one linear path and no C step; tensor-
+        # parallel ranks must agree, and a GPU has its own kernels.
+        bf16 = model.dtype == torch.bfloat16
+        fallback = {"attention_backend": resolve_backend_name(None, device),
+                    "linear": "bf16" if bf16 else str(model.dtype).replace("torch.", ""),
+                    "decode_threads": default_threads(), "decode_max_rows": MAX_ROWS}
+        if not bf16 and picks["linear"] is not None:
+            log.warning("--cpu-linear %s applies to bf16 models only: this one is %s", picks["linear"],
+                        fallback["linear"])
+            picks["linear"] = None
+        for k, v in fallback.items():
+            if picks[k] is None:
+                picks[k], sources[k] = v, "default"
+        picks["linear"] = _apply_linear_value(model, picks["linear"])
+        return PathChoice(**picks, sources=sources)
+
+    parts = tcache.key_parts(tcache.cpu_identity(cpuinfo), build_key(), torch.__version__,
+                             tcache.shape_signature(model.config, "bfloat16"), torch.get_num_threads())
+    path = tcache.cache_path(Path(cache_dir(cfg.cache_dir)), parts)
+    cached = tcache.read_items(path, parts)
+    session = _Session(cached)
+
+    if picks["attention_backend"] is None:
+        names = ["torch"] + (["cpu"] if _c_attention_applies(model) else [])
+        session.decide("attention_backend", "attention_backend", names,
+                       lambda: timers.attention_backends(model, names), picks, sources)
+    if picks["linear"] is None:
+        session.decide("linear", "linear", ["bf16", "fp32"], lambda: timers.linear_paths(model.layers[0]),
+                       picks, sources)
+    picks["linear"] = _apply_linear_value(model, picks["linear"], session)
+    if picks["decode_threads"] is None:
+        if not c_step:
+            picks["decode_threads"], sources["decode_threads"] = default_threads(), "default"
+        elif torch.get_num_threads() < 2:
+            picks["decode_threads"], sources["decode_threads"] = 1, "only"
+        else:
+            session.decide("decode_threads", "decode_threads", ["1", "2"],
+                           lambda: timers.decode_threads(model, kernels), picks, sources, int)
+    if picks["decode_max_rows"] is None:
+        rows = [n for n in ROW_CANDIDATES if n <= limit]
+        if not c_step or len(rows) < 2:
+            picks["decode_max_rows"], sources["decode_max_rows"] = MAX_ROWS, "default" if not c_step else "only"
+        else:
+            # The answer depends on the torch path it is compared with: part of its cache name.
+            name = (f"decode_max_rows[attention={picks['attention_backend']},linear={picks['linear']},"
+                    f"threads={picks['decode_threads']}]")
+            session.decide_rows(name, rows, lambda: timers.decode_rows(
+                model, kernels, picks["decode_threads"], picks["attention_backend"], rows[1:]), picks, sources)
+    choice = PathChoice(**picks, sources=sources, timings_ms=session.timings)
+    if session.measured:
+        tcache.write_items(path, parts, session.items)
+    log.info("CPU paths: %s; timings (ms): %s", choice.describe(), session.timings or "none (cache or flags)")
+    return choice
+
+
+class _Session:
+    """The cached items and what this start measures, merged for the cache file."""
+
+    def __init__(self, cached: dict[str, dict[str, Any]]) -> None:
+        self.items = dict(cached)
+        self.timings: dict[str, dict[str, float]] = {}
+        self.measured = False
+
+    def _lookup(self, name: str, item: str, sources: dict[str, str]) -> Any:
+        hit = self.items.get(name)
+        if hit is None:
+            return None
+        sources[item] = "cache"
+        self.timings[item] = dict(hit.get("timings_ms") or {})
+        return hit["value"]
+
+    def _store(self, name: str, item: str, value: Any, timings: dict[str, float], sources: dict[str, str]) -> None:
+        self.items[name] = {"value": value, "timings_ms": timings}
+        self.timings[item] = timings
+        sources[item] = "measured"
+        self.measured = True
+
+    def decide(self, name: str, item: str, candidates: list[str], run: Any, picks: dict[str, Any],
+               sources: dict[str, str], cast: Any = str) -> None:
+        """The fastest candidate (one candidate: no timing)."""
+        if len(candidates) == 1:
+            picks[item], sources[item] = cast(candidates[0]), "only"
+            return
+        value = self._lookup(name, item, sources)
+        if value is None or str(value) not in candidates:
+            timings = {k: round(float(v), 3) for k, v in run().items()}
+            value = min(candidates, key=lambda k: timings.get(k, float("inf")))
+            self._store(name, item, value, timings, sources)
+        picks[item] = cast(value)
+
+    def decide_rows(self, name: str, rows: list[int], run: Any, picks: dict[str, Any],
+                    sources: dict[str, str]) -> None:
+        """The largest row count up to which the C step beat the torch forward at every
+        measured count; the smallest candidate (today's default, where the C step is known
+        to win) is not timed."""
+        item = "decode_max_rows"
+        value = self._lookup(name, item, sources)
+        if not isinstance(value, int) or value < 1:
+            timings = {k: round(float(v), 3) for k, v in run().items()}
+            value = rows[0]
+            for n in rows[1:]:
+                c, t = timings.get(f"c@{n}"), timings.get(f"torch@{n}")
+                if c is None or t is None or t < c:
+                    break
+                value = n
+            self._store(name, item, value, timings, sources)
+        picks[item] = value
+
+
+def _c_attention_applies(model: Any) -> bool:
+    from sgl.runtime.attention import cpu_backend
+    from sgl.runtime.memory.kv_pool import KVPool
+
+    c = model.config
+    probe = KVPool(2, 1, getattr(model, "num_local_kv_heads", c.num_kv_heads), c.head_dim, model.dtype, "cpu")
+    return cpu_backend.kernel_supported(probe)
+
+
+def _apply_linear_value(model: Any, linear: str, session: _Session | None = None) -> str:
+    """Switch the model's projections to fp32 GEMMs when `linear` is fp32; the path in
+    effect. The per-shape bit-stability checks (seconds for a big LM head) are kept in
+    the session's cache file as item FP32_CHECKS."""
+    if linear != "fp32":
+        return linear
+    if not hasattr(model, "use_fp32_linears") or model.embed_tokens.device.type != "cpu":
+        log.warning("--cpu-linear fp32 applies to bf16 models on the CPU only: ignored")
+        return "bf16"
+    hit = session.items.get(FP32_CHECKS) if session is not None else None
+    verified = _checks_from_json(hit["value"]) if hit is not None else {}
+    known = len(verified)
+    switched, total = model.use_fp32_linears(verified)
+    if session is not None and len(verified) > known:
+        session.items[FP32_CHECKS] = {"value": _checks_to_json(verified)}
+        session.measured = True
+    if switched < total:
+        log.warning("fp32 linear path: %d of %d weights verified bit-stable across row counts here; the others "
+                    "stay on bf16 GEMMs", switched, total)
+    return "fp32" if switched else "bf16"
+
+
+
+def _checks_to_json(verified: dict[tuple, int]) -> dict[str, int]:
+    return {json.dumps(list(k)): v for k, v in verified.items()}
+
+
+def _checks_from_json(value: Any) -> dict[tuple, int]:
+    out: dict[tuple, int] = {}
+    try:
+        for k, v in dict(value).items():
+            kind, shape, bias = json.loads(k)
+            out[(kind, tuple(shape), bool(bias))] = int(v)
+    except (TypeError, ValueError):
+        return {}  # an unusable entry: check again
+    return out

@@ -1,0 +1,193 @@
+"""CPU path calibration (sgl/runtime/tuning): measured once per host and cached, flags
+override without measuring, a corrupt cache file is ignored and rewritten, the cache key
+follows the CPU and the model, and the fp32 linear path stays within bf16 rounding of the
+bf16 one with a row's bits independent of its batch."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from sgl.runtime.config import EngineConfig
+from sgl.runtime.kernels.cpu import binding
+from sgl.runtime.kernels.cpu.linear import Fp32Weight, fp32_weight, linear
+from sgl.runtime.models.llama import tiny_config, tiny_random_model
+from sgl.runtime.tuning import cache as tcache
+from sgl.runtime.tuning import measure
+from sgl.runtime.tuning.calibrate import choose_paths
+
+CPUINFO = "model name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx2 fma\n"
+
+
+class CountingTimers:
+    """The real timers of tuning/measure.py, each call recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        fn = getattr(measure, name)
+
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def _model(**overrides):
+    return tiny_random_model(tiny_config(**overrides), dtype=torch.bfloat16)
+
+
+def _choose(tmp_path, model=None, cpuinfo=CPUINFO, **flags):
+    timers = CountingTimers()
+    cfg = EngineConfig.from_kwargs(cache_dir=str(tmp_path), **flags)
+    choice = choose_paths(cfg, model if model is not None else _model(), "cpu", timers=timers, cpuinfo=cpuinfo)
+    return choice, timers.calls
+
+
+def _cache_files(tmp_path):
+    return sorted((tmp_path / "tuning").glob("paths-*.json"))
+
+
+def test_second_start_reuses_the_cached_choice_without_measuring(tmp_path):
+    first, calls = _choose(tmp_path)
+    assert "linear_paths" in calls  # a bf16 CPU model: the linear path is always timed
+    assert first.sources["linear"] == "measured" and first.linear in ("bf16", "fp32")
+    assert first.timings_ms["linear"].keys() == {"bf16", "fp32"}
+    [path] = _cache_files(tmp_path)
+    stored = json.loads(path.read_text())
+    assert stored["key"]["cpu_model"] == "Test CPU 9000" and stored["items"]["linear"]["value"] == first.linear
+    second, calls = _choose(tmp_path)
+    assert calls == []
+    assert {k: v for k, v in second.sources.items() if v not in ("only", "default")} == \
+        {k: "cache" for k, v in first.sources.items() if v == "measured"}
+    assert (second.attention_backend, second.linear, second.decode_threads, second.decode_max_rows) == \
+        (first.attention_backend, first.linear, first.decode_threads, first.decode_max_rows)
+
+
+def test_flags_override_and_skip_measuring(tmp_path):
+    choice, calls = _choose(tmp_path, attention_backend="torch", cpu_linear="bf16", cpu_decode_threads=1,
+                            cpu_decode_max_rows="16")
+    assert calls == []
+    assert (choice.attention_backend, choice.linear, choice.decode_threads) == ("torch", "bf16", 1)
+    assert set(choice.sources.values()) == {"flag"}
+    assert _cache_files(tmp_path) == []  # nothing measured, nothing written
+    # One flag skips only its own item.
+    choice, calls = _choose(tmp_path, cpu_linear="fp32")
+    assert "linear_paths" not in calls and choice.sources["linear"] == "flag" and choice.linear == "fp32"
+
+
+def test_row_limit_flag_is_checked_against_the_build(tmp_path):
+    kernels = binding.kernels()
+    if kernels is None:
+        pytest.skip("no C compiler")
+    with pytest.raises(ValueError, match="cpu-decode-max-rows 1000"):
+        _choose(tmp_path, cpu_decode_max_rows="1000")
+    with pytest.raises(ValueError, match="cpu-decode-max-rows"):
+        EngineConfig.from_kwargs(cpu_decode_max_rows="many")
+
+
+@pytest.mark.parametrize("damage", ["{not json", "", '{"key": {"format": 1}, "items": {}}',
+                                    '{"key": null, "items": {"linear": 3}}'])
+def test_corrupt_cache_file_is_ignored_and_rewritten(tmp_path, caplog, damage):
+    first, _ = _choose(tmp_path)
+    [path] = _cache_files(tmp_path)
+    good = json.loads(path.read_text())
+    path.write_text(damage)
+    with caplog.at_level(logging.WARNING, logger="sgl.tuning"):
+        again, calls = _choose(tmp_path)
+    assert "linear_paths" in calls and again.sources["linear"] == "measured"
+    if damage:  # an empty file is as good as a truncated one: warned about too
+        assert any("corrupt" in r.message for r in caplog.records)
+    rewritten = json.loads(path.read_text())
+    assert rewritten["key"] == good["key"] and "linear" in rewritten["items"]
+    assert not list((tmp_path / "tuning").glob("*.tmp"))
+
+
+def test_key_follows_cpu_flags_and_model_shapes(tmp_path):
+    _choose(tmp_path)
+    _, calls = _choose(tmp_path, cpuinfo=CPUINFO.replace("avx2 fma", "avx2 fma avx512f avx512_bf16"))
+    assert "linear_paths" in calls  # another CPU: measured again, in its own file
+    _, calls = _choose(tmp_path, model=_model(intermediate_size=256))
+    assert "linear_paths" in calls
+    assert len(_cache_files(tmp_path)) == 3
+    _, calls = _choose(tmp_path)
+    assert calls == []
+    base = tcache.key_parts(("cpu", "f1"), "b", "2.x", "s", 2)
+    assert len({tcache.cache_path(tmp_path, p) for p in (
+        base, {**base, "cpu_flags": "f2"}, {**base, "model_shapes": "s2"}, {**base, "threads": 1},
+        {**base, "kernel_build": "c"}, {**base, "torch": "3"})}) == 6
+
+
+def test_fp32_linear_path_is_within_bf16_rounding_and_batch_independent():
+    g = torch.Generator().manual_seed(1)
+    for out, inp in ((96, 64), (384, 128), (1000, 64)):
+        w = (0.1 * torch.randn(out, inp, generator=g)).to(torch.bfloat16)
+        bias = (0.1 * torch.randn(out, generator=g)).to(torch.bfloat16)
+        fw = fp32_weight(w, bias)
+        assert isinstance(fw, Fp32Weight) and fw.min_rows >= 32
+        x = torch.randn(300, inp, generator=g).to(torch.bfloat16)
+        exact = x.double() @ w.double().T + bias.double()
+        got = linear(x, w, fw, bias)
+        assert got.dtype == torch.bfloat16 and got.shape == (300, out)
+        # fp32 accumulation, one rounding to bf16: within one bf16 ulp (2^-8 relative) of exact.
+        assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
+        ref = torch.nn.functional.linear(x, w, bias)  # today's bf16 path
+        assert ((got.float() - ref.float()).abs() <= ref.float().abs() * 2 ** -6 + 2e-2).all()
+        # A row's bits do not depend on how many rows share its product, nor where it sits.
+        for lo, hi in ((0, 1), (0, 2), (7, 10), (0, 6), (3, 10), (0, 11), (0, 33), (100, 300)):
+            assert torch.equal(linear(x[lo:hi], w, fw, bias), got[lo:hi]), (out, inp, lo, hi)
+
+
+def test_fp32_linears_model_logits_match_bf16_model_closely():
+    from sgl.runtime.attention.torch_backend import TorchAttentionBackend
+    from sgl.runtime.executor.forward_batch import ForwardBatch
+    from sgl.runtime.memory.kv_pool import KVPool
+
+    config = tiny_config()
+    models = [tiny_random_model(config, dtype=torch.bfloat16, seed=4) for _ in range(2)]
+    switched, total = models[1].use_fp32_linears()
+    assert switched == total == 4 * config.num_layers + 1
+    outs = []
+    for m in models:
+        pool = KVPool(64, config.num_layers, config.num_kv_heads, config.head_dim, torch.bfloat16)
+        table = torch.arange(64, dtype=torch.int64).view(1, 64)
+        ids = [(5 * i + 3) % config.vocab_size for i in range(20)]
+        batch = ForwardBatch.build(ids, list(range(1, 21)), [0], [0], [20], table[:, 1:],
+                                   logits_indices=list(range(20)))
+        outs.append(m(batch, TorchAttentionBackend(pool)))
+    bf16, fp32 = outs
+    assert (fp32 - bf16).abs().max().item() < 0.05 * max(1.0, bf16.abs().max().item())
+    assert (fp32.argmax(-1) == bf16.argmax(-1)).float().mean().item() >= 0.9
+
+
+@pytest.fixture(scope="module")
+def fp32_engine():
+    from sgl.runtime.engine import Engine
+
+    with Engine(cpu_linear="fp32", cpu_decode_max_rows="16", max_total_tokens=4096) as eng:
+        yield eng
+
+
+def test_engine_on_fp32_linears_is_coherent_and_batch_independent(fp32_engine):
+    eng = fp32_engine
+    info = eng.get_server_info()["cpu_paths"]
+    assert info["linear"] == "fp32" and info["sources"]["linear"] == "flag"
+    c_step = binding.kernels() is not None
+    if c_step:
+        assert info["decode_max_rows"] == 16 and info["sources"]["decode_max_rows"] == "flag"
+    greedy = {"temperature": 0, "max_new_tokens": 16}
+    prompt = eng.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    alone = eng.generate(prompt, greedy)
+    assert "Paris" in alone["text"]
+    others = [eng.apply_chat_template([{"role": "user", "content": f"Name an animal, number {i}."}])
+              for i in range(11)]
+    steps_before = eng.get_server_info()["cpu_decode_steps"]
+    batch = eng.generate(others[:5] + [prompt] + others[5:], greedy)
+    assert batch[5]["output_ids"] == alone["output_ids"]  # prefill and decode rows batched with 11 others
+    if c_step and eng.get_server_info()["dtype"] == "bfloat16":
+        assert eng.get_server_info()["cpu_decode_steps"] > steps_before  # 12-row steps ran on the C step
