@@ -14,8 +14,8 @@
  * agree with the eager model to bf16 rounding of the products' sums, taken in another
  * order. Arguments travel in the structs of sgl_kernels.h; all tensors are contiguous.
  * With `threads` = 2 the matrix-vector products split their rows with one helper thread
- * (team.c): one core reads ~22 GB/s here, two ~30 GB/s. Everything else runs on the
- * caller's thread.
+ * (team.c): one core reads ~22 GB/s here, two ~30 GB/s; attention splits its (row, K/V
+ * head) pairs the same way. Everything else runs on the caller's thread.
  *
  * Each matrix has a type tag (SGL_T_*, sgl_kernels.h): bf16 as above, or rows of GGUF
  * blocks (--quantization gguf), multiplied by quant.c after the activation rows are
@@ -277,80 +277,102 @@ static inline void prefetch_row(const bf16 *p, int d) {
 }
 #endif
 
-/* scores[j] = scale * (q . K[slots[j], g]) for j < len. qf: scratch of d + 16 floats. */
-static void key_scores(const bf16 *q, const bf16 *K, const int64_t *slots, int len, int nkv, int g, int d,
-                       float scale, float *scores, float *qf) {
-    int j = 0;
+#define KEY_HEADS 4 /* query heads scored per pass over the keys */
+
+/* scores[r * ss + j] = scale * (q_r . K[slots[j], g]) for the G (<= KEY_HEADS) query
+ * heads q_r = q + r * d and j < len. qf: scratch of G * (d + 16) floats. Each K row is
+ * fetched from memory once for the G heads (the others read it from L1). */
+static void key_scores(const bf16 *q, int G, const bf16 *K, const int64_t *slots, int len, int nkv, int g, int d,
+                       float scale, float *scores, int64_t ss, float *qf) {
     (void)qf;
 #if defined(SGL_AVX2_SIMD)
     /* keys in groups of 8, the last group padded with zero vectors: every key's sum is
      * reduced by the same tree whatever len is */
-    split_row(q, d, qf);
-    __m256 part[8];
-    for (; j < len; j += 8) {
+    const int qs = d + 16;
+    for (int r = 0; r < G; r++) split_row(q + (int64_t)r * d, d, qf + r * qs);
+    __m256 part[KEY_HEADS][8];
+    for (int j = 0; j < len; j += 8) {
         int cnt = len - j < 8 ? len - j : 8;
         for (int jj = 0; jj < 8; jj++) {
             if (j + jj + KV_AHEAD < len) prefetch_row(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d);
-            part[jj] = jj < cnt ? dotv(K + (slots[j + jj] * nkv + g) * d, qf, d) : _mm256_setzero_ps();
+            const bf16 *k = K + (slots[j + jj < len ? j + jj : j] * nkv + g) * d;
+            for (int r = 0; r < G; r++) part[r][jj] = jj < cnt ? dotv(k, qf + r * qs, d) : _mm256_setzero_ps();
         }
-        __m256 sc = _mm256_mul_ps(hsum8x8(part), _mm256_set1_ps(scale));
-        if (cnt == 8) _mm256_storeu_ps(scores + j, sc);
-        else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, sc);
-            memcpy(scores + j, tmp, sizeof(float) * cnt);
+        for (int r = 0; r < G; r++) {
+            __m256 sc = _mm256_mul_ps(hsum8x8(part[r]), _mm256_set1_ps(scale));
+            float *out = scores + r * ss + j;
+            if (cnt == 8) _mm256_storeu_ps(out, sc);
+            else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, sc);
+                memcpy(out, tmp, sizeof(float) * cnt);
+            }
         }
     }
-#elif defined(SGL_BF16_SIMD)
-    __m512 part[16];
-    for (; j + 16 <= len; j += 16) {
-        for (int jj = 0; jj < 16; jj++)
-            part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, q, d);
-        _mm512_storeu_ps(scores + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
+#else
+    for (int r = 0; r < G; r++) {
+        const bf16 *qr = q + (int64_t)r * d;
+        float *sr = scores + r * ss;
+        int j = 0;
+#if defined(SGL_BF16_SIMD)
+        __m512 part[16];
+        for (; j + 16 <= len; j += 16) {
+            for (int jj = 0; jj < 16; jj++)
+                part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, qr, d);
+            _mm512_storeu_ps(sr + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
+        }
+#endif
+        for (; j < len; j++) sr[j] = dot(K + (slots[j] * nkv + g) * d, qr, d) * scale;
     }
 #endif
-    for (; j < len; j++) scores[j] = dot(K + (slots[j] * nkv + g) * d, q, d) * scale;
 }
 
-/* Attention of one token's `nh` query heads over its `len` cached slots (GQA groups
- * share each K/V row). scores: scratch of group * len floats; acc: (group + 2) * d + 16 floats. */
-static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len,
-                   int nh, int nkv, int d, float *scores, float *acc, bf16 *out) {
-    int group = nh / nkv;
+static inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* Floats of one lane's attention scratch for contexts up to max_len and `group` query
+ * heads per K/V head: their scores, widened queries (d + 16 each) and accumulators. */
+static int64_t lane_floats(int max_len, int d, int group) {
+    return group * (up16(max_len) + up16(d + 16) + up16(d));
+}
+
+/* Attention of the `group` query heads q + r * d that share K/V head g, over `len` cached
+ * slots, in `lane` scratch; out + r * d gets head r. Each K and V row is fetched once
+ * for the group. The sums run in the same order whatever thread runs the group and
+ * whatever rows share the step, so a row's output depends on neither. */
+static void attend_group(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nkv,
+                         int g, int group, int d, float *lane, bf16 *out) {
+    int64_t ss = up16(len);
+    float *scores = lane, *qf = scores + group * ss, *a = qf + group * up16(d + 16);
     float scale = 1.0f / sqrtf((float)d);
-    for (int g = 0; g < nkv; g++) {
-        for (int r = 0; r < group; r++) {
-            float *s = scores + r * len, mx = -INFINITY;
-            key_scores(q + (int64_t)(g * group + r) * d, K, slots, len, nkv, g, d, scale, s, acc + (group + 1) * d);
-            for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
-            float inv = 1.0f / exp_shift(s, len, mx);
-            for (int j = 0; j < len; j++) s[j] *= inv;
-        }
-        /* each V row is read once for the whole group */
-        float *a = acc;
-        memset(a, 0, sizeof(float) * group * d);
-        float *vf = acc + group * d; /* one V row widened to float */
-        for (int j = 0; j < len; j++) {
-            const bf16 *v = V + (slots[j] * nkv + g) * d;
+    for (int r0 = 0; r0 < group; r0 += KEY_HEADS) {
+        int G = group - r0 < KEY_HEADS ? group - r0 : KEY_HEADS;
+        key_scores(q + (int64_t)r0 * d, G, K, slots, len, nkv, g, d, scale, scores + r0 * ss, ss, qf);
+    }
+    for (int r = 0; r < group; r++) {
+        float *s = scores + r * ss, mx = -INFINITY;
+        for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
+        float inv = 1.0f / exp_shift(s, len, mx);
+        for (int j = 0; j < len; j++) s[j] *= inv;
+    }
+    memset(a, 0, sizeof(float) * group * d);
+    for (int j = 0; j < len; j++) {
+        const bf16 *v = V + (slots[j] * nkv + g) * d;
+        int i = 0;
 #ifdef SGL_AVX2_SIMD
-            if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
-            /* 8 dimensions at a time, widened once for the whole group */
-            int i = 0;
-            for (; i + 8 <= d; i += 8) {
-                __m256 v8 = _mm256_castsi256_ps(
-                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + i))), 16));
-                for (int r = 0; r < group; r++) {
-                    float *ar = a + r * d + i;
-                    _mm256_storeu_ps(ar, _mm256_fmadd_ps(_mm256_set1_ps(scores[r * len + j]), v8, _mm256_loadu_ps(ar)));
-                }
-            }
-            if (i == d) continue;
-            for (int t = i; t < d; t++) vf[t] = bf2f(v[t]);
+        if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
+        for (; i + 8 <= d; i += 8) { /* 8 dimensions widened once for the whole group */
+            __m256 v8 = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + i))), 16));
             for (int r = 0; r < group; r++) {
-                float p = scores[r * len + j], *ar = a + r * d;
-                for (int t = i; t < d; t++) ar[t] = fmaf(p, vf[t], ar[t]);
+                float *ar = a + r * d + i;
+                _mm256_storeu_ps(ar, _mm256_fmadd_ps(_mm256_set1_ps(scores[r * ss + j]), v8, _mm256_loadu_ps(ar)));
             }
-            continue;
+        }
+        for (int r = 0; r < group; r++)
+            for (int t = i; t < d; t++) a[r * d + t] = fmaf(scores[r * ss + j], bf2f(v[t]), a[r * d + t]);
+#else
+        for (int r = 0; r < group; r++)
+            for (int t = 0; t < d; t++) a[r * d + t] += scores[r * ss + j] * bf2f(v[t]);
 #endif
             for (int i = 0; i < d; i++) vf[i] = bf2f(v[i]);
             for (int r = 0; r < group; r++) {
@@ -363,6 +385,29 @@ static void attend(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *s
             for (int i = 0; i < d; i++) o[i] = f2bf(a[r * d + i]);
         }
     }
+    for (int r = 0; r < group; r++)
+        for (int i = 0; i < d; i++) out[(int64_t)r * d + i] = f2bf(a[r * d + i]);
+}
+
+/* The step's attention: one chunk per (row, K/V head), split over the team, each chunk
+ * in its thread's lane of the float scratch. At long contexts this is as much work as
+ * the weight products, so it must not run on one core. */
+typedef struct {
+    const bf16 *qkv, *K, *V;
+    const int64_t *r2t, *req_rows, *seq_lens;
+    int64_t r2t_stride, lane_n;
+    int qkv_n, nh, nkv, d;
+    float *fws;
+    bf16 *att;
+} AttnJob;
+
+static void attn_chunk(void *arg, int c) {
+    const AttnJob *j = (const AttnJob *)arg;
+    int b = c / j->nkv, g = c % j->nkv, group = j->nh / j->nkv;
+    int64_t h0 = (int64_t)g * group; /* the group's first query head */
+    attend_group(j->qkv + (int64_t)b * j->qkv_n + h0 * j->d, j->K, j->V, j->r2t + j->req_rows[b] * j->r2t_stride,
+                 (int)j->seq_lens[b], j->nkv, g, group, j->d, j->fws + team_lane() * j->lane_n,
+                 j->att + ((int64_t)b * j->nh + h0) * j->d);
 }
 
 int sgl_decode_fields(void) { return SGL_L_FIELDS; }
@@ -395,7 +440,7 @@ int64_t sgl_decode_ws(const sgl_decode_model *m, int rows) {
     return ws_bf16(m, rows) + 2 * (int64_t)rows * ((max_in(m) + 31) / 32 * 32); /* two bf16 per float */
 }
 int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
-    return (int64_t)(m->nh + 2) * m->d + 16 + (int64_t)(m->nh / m->nkv) * max_len;
+    return 2 * lane_floats(max_len, m->d, m->nh / m->nkv); /* one lane per team thread */
 }
 
 /* Whether every matrix is bf16 or whole blocks of a type quant.c multiplies. */
@@ -424,7 +469,6 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
     bf16 *gu = att + B * nh * d, *act = gu + B * 2 * inter, *tmp = act + B * inter;
     bf16 *lb = tmp + B * hidden;
-    float *acc = bt->fws, *scores = acc + (nh + 2) * d + 16;
     g_xf = (float *)(bt->ws + ws_bf16(m, B));
     for (int b = 0; b < B; b++) {
         if (m->embed_t == SGL_T_BF16) {
@@ -448,9 +492,11 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
             memcpy(K + out_loc[b] * nkv * d, r + nh * d, sizeof(bf16) * nkv * d);
             memcpy(V + out_loc[b] * nkv * d, r + (nh + nkv) * d, sizeof(bf16) * nkv * d);
         }
-        for (int b = 0; b < B; b++)
-            attend(qkv + b * qkv_n, K, V, bt->req_to_token + bt->req_rows[b] * bt->r2t_stride, (int)bt->seq_lens[b],
-                   nh, nkv, d, scores, acc, att + b * nh * d);
+        AttnJob aj = {qkv, K, V, bt->req_to_token, bt->req_rows, bt->seq_lens, bt->r2t_stride,
+                      lane_floats(bt->max_len, d, nh / nkv), qkv_n, nh, nkv, d, bt->fws, att};
+        if (g_team) team_run(attn_chunk, &aj, B * nkv);
+        else
+            for (int c = 0; c < B * nkv; c++) attn_chunk(&aj, c);
         gemv((int)p[SGL_L_O_T], (const void *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
         for (int b = 0; b < B; b++) /* the residual add, then the norm */
             norm_row(x + b * hidden, tmp + b * hidden, (const bf16 *)p[SGL_L_LN2], hidden, eps, xn + b * hidden);
