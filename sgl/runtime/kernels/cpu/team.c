@@ -83,8 +83,13 @@ static uint32_t new_job(uint64_t t, uint32_t seen) {
     return job != seen && (uint32_t)t != CLOSED ? job : 0;
 }
 
+static _Thread_local int lane; /* 1 on the helper thread */
+
+int team_lane(void) { return lane; }
+
 static void *helper(void *unused) {
     (void)unused;
+    lane = 1;
     uint32_t seen = (uint32_t)(atomic_load(&T.ticket) >> 32);
     for (;;) {
         int spins = 0;

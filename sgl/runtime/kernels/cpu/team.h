@@ -18,6 +18,8 @@ typedef void (*team_fn)(void *arg, int chunk);
 int team_acquire(void); /* 1 if this thread may use the team now */
 void team_release(void);
 void team_run(team_fn fn, void *arg, int nchunks);
+/* 0 on the caller's thread, 1 on the helper: which half of a per-lane scratch a chunk uses. */
+int team_lane(void);
 /* Let the helper sleep right away after the current job (the caller's next work is
  * someone else's threads, e.g. torch's GEMMs, which need the core). */
 void team_rest(void);
