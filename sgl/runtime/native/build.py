@@ -49,14 +49,26 @@ def _compile(cc: str, out: Path, march: str, srcs: list[str]) -> None:
             os.unlink(tmp)
 
 
-def build_library(name: str, sources: Sequence[Path], march: str = "native") -> ctypes.CDLL | None:
-    cc = settings().cc or shutil.which("cc") or shutil.which("gcc")
+def _compiler() -> str | None:
+    return settings().cc or shutil.which("cc") or shutil.which("gcc")
+
+
+def library_key(sources: Sequence[Path], march: str = "native") -> str | None:
+    """The build's identity: a hash of the sources, the compiler, `march` and the CPU's
+    flags; None without a compiler."""
+    cc = _compiler()
     if cc is None:
+        return None
+    blob = b"".join(p.read_bytes() for p in sorted(sources))
+    return hashlib.sha256(blob + cc.encode() + march.encode() + cpu_flags().encode()).hexdigest()[:16]
+
+
+def build_library(name: str, sources: Sequence[Path], march: str = "native") -> ctypes.CDLL | None:
+    cc, key = _compiler(), library_key(sources, march)
+    if cc is None or key is None:
         log.warning("no C compiler found: %s is off (Python/torch path instead)", name)
         return None
     srcs = sorted(sources)
-    blob = b"".join(p.read_bytes() for p in srcs)
-    key = hashlib.sha256(blob + cc.encode() + march.encode() + cpu_flags().encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"{name}-{key}.so"
     try:
         if not out.exists():

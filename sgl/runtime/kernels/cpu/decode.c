@@ -357,8 +357,8 @@ static void attend_group(const bf16 *q, const bf16 *K, const bf16 *V, const int6
     memset(a, 0, sizeof(float) * group * d);
     for (int j = 0; j < len; j++) {
         const bf16 *v = V + (slots[j] * nkv + g) * d;
-        int i = 0;
 #ifdef SGL_AVX2_SIMD
+        int i = 0;
         if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
         for (; i + 8 <= d; i += 8) { /* 8 dimensions widened once for the whole group */
             __m256 v8 = _mm256_castsi256_ps(
@@ -374,16 +374,6 @@ static void attend_group(const bf16 *q, const bf16 *K, const bf16 *V, const int6
         for (int r = 0; r < group; r++)
             for (int t = 0; t < d; t++) a[r * d + t] += scores[r * ss + j] * bf2f(v[t]);
 #endif
-            for (int i = 0; i < d; i++) vf[i] = bf2f(v[i]);
-            for (int r = 0; r < group; r++) {
-                float p = scores[r * len + j], *ar = a + r * d;
-                for (int i = 0; i < d; i++) ar[i] += p * vf[i];
-            }
-        }
-        for (int r = 0; r < group; r++) {
-            bf16 *o = out + (int64_t)(g * group + r) * d;
-            for (int i = 0; i < d; i++) o[i] = f2bf(a[r * d + i]);
-        }
     }
     for (int r = 0; r < group; r++)
         for (int i = 0; i < d; i++) out[(int64_t)r * d + i] = f2bf(a[r * d + i]);
