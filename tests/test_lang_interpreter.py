@@ -44,7 +44,7 @@ def test_text_and_variables(be):
     assert st.text() == "Q: hi\nA: A9\nN: 24"
     # SGLang's integer pattern with the whitespace the model may want around it; it ends
     # itself after one trailing space or newline, so no " " / "\n" stops are sent.
-    assert be.calls[1]["sampling_params"]["regex"] == r"[ ]?[-+]?[0-9]+[ \n]?"
+    assert be.calls[1]["sampling_params"]["regex"] == r"[ \n]?[-+]?[0-9]+[ \n]?"
     assert "stop" not in be.calls[1]["sampling_params"]
 
 
@@ -305,7 +305,7 @@ def test_regex_json_schema_ebnf_grammar_pass_through(be):
 
     prog.run(backend=be)
     sps = [c["sampling_params"] for c in be.calls]
-    assert sps[0]["regex"] == r"\d+"
+    assert sps[0]["regex"] == r"[ ]?(?:\d+)"  # the user's regex after an optional leading space
     assert sps[1]["json_schema"] == '{"type": "object"}'
     assert sps[2]["ebnf"] == 'root ::= "x"'
     assert sps[3]["lark"] == 'start: "x"'

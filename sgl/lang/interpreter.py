@@ -11,13 +11,14 @@ waiter is woken, and the error is re-raised to whoever touches the state next.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import uuid
 from typing import Any
 
 from sgl.lang.backends.base import Backend, check_result
 from sgl.lang.chat_template import ChatTemplate
-from sgl.lang.ir import (TYPED_REGEX_BOOL, TYPED_REGEX_FLOAT, TYPED_REGEX_INT, TYPED_REGEX_STR, GenParams,
+from sgl.lang.ir import (TOLERANT_REGEX, TYPED_REGEX_BOOL, TYPED_REGEX_FLOAT, TYPED_REGEX_INT, TYPED_REGEX_STR, GenParams,
                          SglConstantText, SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
                          SglVariable, SglVarScopeBegin, SglVarScopeEnd)
 
@@ -54,7 +55,15 @@ def typed_result(text: str) -> tuple[str, str]:
     value alone, as SGLang's; the prompt keeps the leading space the model chose and drops
     the trailing whitespace, as SGLang's stop strings drop it."""
     shown = text.rstrip(" \n")
-    return shown, shown.lstrip(" ")
+    return shown, shown.lstrip(" \n")
+
+
+def regex_result(text: str, regex: str) -> str:
+    """The variable of a regex gen sent as TOLERANT_REGEX: the text without the optional
+    leading space, unless the user's regex itself matches the text with it."""
+    if text.startswith(" ") and re.fullmatch(regex, text) is None:
+        return text[1:]
+    return text
 
 
 class StreamExecutor:
@@ -249,6 +258,8 @@ class StreamExecutor:
             regex, extra = dtype_constraint(p.dtype)
             sp["regex"] = regex
             stop += extra
+        elif sp.get("regex") is not None:
+            sp["regex"] = TOLERANT_REGEX.format(sp["regex"])
         if self.backend.supports_token_healing and "token_healing" not in sp:
             sp["token_healing"] = True  # heal the prompt/gen boundary (sgl backends only)
         if self.cur_role == "assistant":
@@ -266,13 +277,17 @@ class StreamExecutor:
 
     def _execute_gen(self, expr: SglGen) -> None:
         sp, opts = self.request_for(expr.sampling_params)
-        typed = expr.sampling_params.merged_over(self.default_params).dtype is not None
-        if not self.stream or sp.get("n", 1) > 1 or typed:
+        merged = expr.sampling_params.merged_over(self.default_params)
+        typed = merged.dtype is not None
+        user_regex = None if typed else merged.sampling.get("regex")
+        if not self.stream or sp.get("n", 1) > 1 or typed or user_regex is not None:
             res = self.backend.generate(self.text_, sp, **opts)
             results = res if isinstance(res, list) else [res]
             pairs = [(check_result(r)["text"],) * 2 for r in results]
             if typed:
                 pairs = [typed_result(t) for t, _ in pairs]
+            elif user_regex is not None:
+                pairs = [(t, regex_result(t, user_regex)) for t, _ in pairs]
             self._append(pairs[0][0])
             if isinstance(res, list):
                 self._set_var(expr.name, [v for _, v in pairs], [r["meta_info"] for r in res])
