@@ -14,7 +14,8 @@ Two behaviours, in one run on one engine:
   and "\\n"); `select` scores each option exactly as written; compact JSON.
 - `new`: token healing on (what the DSL sends on an sgl backend); the DSL's typed-gen
   pattern (one optional space or newline before the value, sgl/lang/ir.py TYPED_REGEX_INT)
-  and regex form (the user's regex after an optional space, TOLERANT_REGEX); `select`
+  and regex form (the user's regex between an optional space and an optional trailing
+  space/newline, TOLERANT_REGEX); `select`
   also scores " option" after a prefix that ends in a non-space; JSON compact as before
   (`json`) and with an optional space between JSON tokens (`json_ws`, sent as the
   schema's regex), to see whether flexible whitespace helps.
@@ -118,7 +119,7 @@ def int_methods(mode: str) -> dict[str, tuple[str, dict[str, Any], Any]]:
     regex = {"regex": TOLERANT_REGEX.format(user) if heal else user, "max_new_tokens": 6, **base}
     out = {
         "gen_int": (NUM_HEAD, {**gen_int, **base}, gen_int_value),
-        "regex [0-9]+": (NUM_HEAD, regex, lambda t: as_int(regex_result(t, user))),
+        "regex [0-9]+": (NUM_HEAD, regex, lambda t: as_int(regex_result(t, user)[1])),
         "free (number prompt)": (NUM_HEAD, {"max_new_tokens": 8, **base}, first_int),
         "json": (JSON_HEAD, {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 16, **base}, json_answer),
         "free (json prompt)": (JSON_HEAD, {"max_new_tokens": 16, **base}, first_int),

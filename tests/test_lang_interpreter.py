@@ -305,7 +305,7 @@ def test_regex_json_schema_ebnf_grammar_pass_through(be):
 
     prog.run(backend=be)
     sps = [c["sampling_params"] for c in be.calls]
-    assert sps[0]["regex"] == r"[ ]?(?:\d+)"  # the user's regex after an optional leading space
+    assert sps[0]["regex"] == "[ ]?(?:\\d+)[ \n]?"  # the user's regex, optional whitespace around it
     assert sps[1]["json_schema"] == '{"type": "object"}'
     assert sps[2]["ebnf"] == 'root ::= "x"'
     assert sps[3]["lark"] == 'start: "x"'

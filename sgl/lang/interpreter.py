@@ -58,12 +58,18 @@ def typed_result(text: str) -> tuple[str, str]:
     return shown, shown.lstrip(" \n")
 
 
-def regex_result(text: str, regex: str) -> str:
-    """The variable of a regex gen sent as TOLERANT_REGEX: the text without the optional
-    leading space, unless the user's regex itself matches the text with it."""
-    if text.startswith(" ") and re.fullmatch(regex, text) is None:
-        return text[1:]
-    return text
+def regex_result(text: str, regex: str) -> tuple[str, str]:
+    """(text appended to the prompt, variable) of a regex gen sent as TOLERANT_REGEX: the
+    variable is the text without the optional leading space and trailing space/newline,
+    unless the user's regex itself matches them; the prompt keeps the leading space and
+    drops the trailing one with the variable."""
+    lead = 1 if text.startswith(" ") else 0
+    trail = 1 if text[lead:].endswith((" ", "\n")) else 0
+    for a, b in ((0, 0), (lead, 0), (0, trail), (lead, trail)):
+        value = text[a: len(text) - b]
+        if re.fullmatch(regex, value):
+            return text[: len(text) - b], value
+    return text, text
 
 
 class StreamExecutor:
@@ -287,7 +293,7 @@ class StreamExecutor:
             if typed:
                 pairs = [typed_result(t) for t, _ in pairs]
             elif user_regex is not None:
-                pairs = [(t, regex_result(t, user_regex)) for t, _ in pairs]
+                pairs = [regex_result(t, user_regex) for t, _ in pairs]
             self._append(pairs[0][0])
             if isinstance(res, list):
                 self._set_var(expr.name, [v for _, v in pairs], [r["meta_info"] for r in res])

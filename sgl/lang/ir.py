@@ -35,9 +35,11 @@ TYPED_REGEX_FLOAT = r"[ \n]?[-+]?[0-9]*\.?[0-9]+[ \n]?"
 TYPED_REGEX_BOOL = r"[ \n]?(True|False)"
 TYPED_REGEX_STR = r"[ \n]?\"[\w\d\s]*\""
 
-# A DSL regex gen R is sent as this, R's match after an optional leading space (see
-# interpreter.regex_result for how the space is kept out of the variable).
-TOLERANT_REGEX = "[ ]?(?:{})"
+# A DSL regex gen R is sent as this: R's match after an optional leading space and before
+# an optional trailing space or newline (after which it is complete, so the gen ends where
+# the model would end the value rather than being forced on into more of R). See
+# interpreter.regex_result for how the whitespace is kept out of the variable.
+TOLERANT_REGEX = "[ ]?(?:{})[ \n]?"
 
 # Keys that are request options rather than sampling parameters.
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
