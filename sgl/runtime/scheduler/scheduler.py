@@ -308,7 +308,7 @@ class Scheduler:
             else:
                 req.seed = self.cfg.random_seed * 1_000_003 + self._seed_counter
                 self._seed_counter += 1
-        if p.token_healing and not req.output_ids and not req.healed_tokens:
+        if p.token_healing and p.max_new_tokens > 0 and not req.output_ids and not req.healed_tokens:
             self._heal(req)
         if p.constraint is not None and req.grammar is None:
             if self.grammar_compiler is None:
@@ -334,6 +334,8 @@ class Scheduler:
             return
         req.input_ids = plan.kept
         req.heal_prefix, req.heal_text, req.healed_tokens = plan.prefix, plan.text, plan.num_removed
+        # Prompt logprobs cover the backed-up prompt only (the removed tokens are output now).
+        req.logprob_start_len = min(req.logprob_start_len, len(plan.kept) - 1)
         if req.params.constraint is None:
             req.grammar = HealingGrammar(plan.prefix, None, tok)
 
