@@ -25,8 +25,9 @@ LogprobEntry = Sequence[Any]  # (logprob | None, token_id, text | None)
 
 @dataclass
 class ChoicesDecision:
-    decision: str
+    decision: str  # the chosen choice: the select's variable
     meta_info: dict[str, Any] | None = None
+    text: str | None = None  # what is appended to the prompt, where it differs (a leading space)
 
 
 def _first_argmax(values: Sequence[float]) -> int:

@@ -11,15 +11,16 @@ waiter is woken, and the error is re-raised to whoever touches the state next.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import uuid
 from typing import Any
 
 from sgl.lang.backends.base import Backend, check_result
 from sgl.lang.chat_template import ChatTemplate
-from sgl.lang.ir import (REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, GenParams, SglConstantText, SglExpr,
-                         SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVariable, SglVarScopeBegin,
-                         SglVarScopeEnd)
+from sgl.lang.ir import (TOLERANT_REGEX, TYPED_REGEX_BOOL, TYPED_REGEX_FLOAT, TYPED_REGEX_INT, TYPED_REGEX_STR, GenParams,
+                         SglConstantText, SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
+                         SglVariable, SglVarScopeBegin, SglVarScopeEnd)
 
 
 class ProgramError(RuntimeError):
@@ -36,16 +37,39 @@ def _as_list(x: Any) -> list:
 
 
 def dtype_constraint(dtype: Any) -> tuple[str, list[str]]:
-    """(regex, extra stop strings) for gen(dtype=...), as in SGLang."""
+    """(regex, extra stop strings) for gen(dtype=...): SGLang's value patterns with the
+    whitespace the model may want around the value (ir.py TYPED_REGEX_*), no stops."""
     if dtype in (int, "int"):
-        return REGEX_INT, [" ", "\n"]
+        return TYPED_REGEX_INT, []
     if dtype in (float, "float"):
-        return REGEX_FLOAT, [" ", "\n"]
+        return TYPED_REGEX_FLOAT, []
     if dtype in (str, "str"):
-        return REGEX_STR, []
+        return TYPED_REGEX_STR, []
     if dtype in (bool, "bool"):
-        return REGEX_BOOL, []
+        return TYPED_REGEX_BOOL, []
     raise ValueError(f"gen(dtype=...) must be int, float, str or bool, got {dtype!r}")
+
+
+def typed_result(text: str) -> tuple[str, str]:
+    """(text appended to the prompt, variable) of a typed gen's output: the variable is the
+    value alone, as SGLang's; the prompt keeps the leading space the model chose and drops
+    the trailing whitespace, as SGLang's stop strings drop it."""
+    shown = text.rstrip(" \n")
+    return shown, shown.lstrip(" \n")
+
+
+def regex_result(text: str, regex: str) -> tuple[str, str]:
+    """(text appended to the prompt, variable) of a regex gen sent as TOLERANT_REGEX: the
+    variable is the text without the optional leading space and trailing space/newline,
+    unless the user's regex itself matches them; the prompt keeps the leading space and
+    drops the trailing one with the variable."""
+    lead = 1 if text.startswith(" ") else 0
+    trail = 1 if text[lead:].endswith((" ", "\n")) else 0
+    for a, b in ((0, 0), (lead, 0), (0, trail), (lead, trail)):
+        value = text[a: len(text) - b]
+        if re.fullmatch(regex, value):
+            return text[: len(text) - b], value
+    return text, text
 
 
 class StreamExecutor:
@@ -240,6 +264,10 @@ class StreamExecutor:
             regex, extra = dtype_constraint(p.dtype)
             sp["regex"] = regex
             stop += extra
+        elif sp.get("regex") is not None:
+            sp["regex"] = TOLERANT_REGEX.format(sp["regex"])
+        if self.backend.supports_token_healing and "token_healing" not in sp:
+            sp["token_healing"] = True  # heal the prompt/gen boundary (sgl backends only)
         if self.cur_role == "assistant":
             stop += [s for s in self.chat_template.stop_str if s not in stop]
         if stop:
@@ -255,15 +283,22 @@ class StreamExecutor:
 
     def _execute_gen(self, expr: SglGen) -> None:
         sp, opts = self.request_for(expr.sampling_params)
-        if not self.stream or sp.get("n", 1) > 1:
+        merged = expr.sampling_params.merged_over(self.default_params)
+        typed = merged.dtype is not None
+        user_regex = None if typed else merged.sampling.get("regex")
+        if not self.stream or sp.get("n", 1) > 1 or typed or user_regex is not None:
             res = self.backend.generate(self.text_, sp, **opts)
+            results = res if isinstance(res, list) else [res]
+            pairs = [(check_result(r)["text"],) * 2 for r in results]
+            if typed:
+                pairs = [typed_result(t) for t, _ in pairs]
+            elif user_regex is not None:
+                pairs = [regex_result(t, user_regex) for t, _ in pairs]
+            self._append(pairs[0][0])
             if isinstance(res, list):
-                texts = [check_result(r)["text"] for r in res]
-                self._append(texts[0])
-                self._set_var(expr.name, texts, [r["meta_info"] for r in res])
+                self._set_var(expr.name, [v for _, v in pairs], [r["meta_info"] for r in res])
             else:
-                self._append(check_result(res)["text"])
-                self._set_var(expr.name, res["text"], res["meta_info"])
+                self._set_var(expr.name, pairs[0][1], res["meta_info"])
             return
         with self.cond:
             self.variables[expr.name] = ""
@@ -283,7 +318,7 @@ class StreamExecutor:
 
     def _execute_select(self, expr: SglSelect) -> None:
         decision = self.backend.select(self.text_, expr.choices, expr.temperature, expr.choices_method)
-        self._append(decision.decision)
+        self._append(decision.decision if decision.text is None else decision.text)
         self._set_var(expr.name, decision.decision, decision.meta_info)
 
     def _role_begin(self, role: str) -> None:

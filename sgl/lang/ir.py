@@ -24,6 +24,23 @@ REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
+# What typed gens send: the same value patterns, plus the whitespace the model wants around
+# the value. One optional leading space or newline (after "Answer:" a byte-level model's next
+# token is " " or " 2x", which SGLang's patterns forbid), and, for numbers, one optional trailing space
+# or newline after which the pattern is complete, so the gen ends by itself where SGLang's
+# " " and "\n" stops would end it (those stops would also fire on the leading space).
+# The variable is stored without the surrounding whitespace, as SGLang stores it.
+TYPED_REGEX_INT = r"[ \n]?[-+]?[0-9]+[ \n]?"
+TYPED_REGEX_FLOAT = r"[ \n]?[-+]?[0-9]*\.?[0-9]+[ \n]?"
+TYPED_REGEX_BOOL = r"[ \n]?(True|False)"
+TYPED_REGEX_STR = r"[ \n]?\"[\w\d\s]*\""
+
+# A DSL regex gen R is sent as this: R's match after an optional leading space and before
+# an optional trailing space or newline (after which it is complete, so the gen ends where
+# the model would end the value rather than being forced on into more of R). See
+# interpreter.regex_result for how the whitespace is kept out of the variable.
+TOLERANT_REGEX = "[ ]?(?:{})[ \n]?"
+
 # Keys that are request options rather than sampling parameters.
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 

@@ -44,6 +44,11 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
+    # Token healing (constrained/healing.py): back the prompt up over its last token(s) and
+    # make the output start by spelling them. Not an SGLang parameter. Off by default for API
+    # requests (a raw-text caller gets exactly the continuation of its tokens); the DSL
+    # turns it on for its gens on an sgl backend.
+    token_healing: bool = False
     # Constraints (CONSTRAINT_KINDS): at most one of these may be set.
     regex: str | None = None
     json_schema: str | None = None

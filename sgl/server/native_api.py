@@ -238,6 +238,7 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         # Not in SGLang's answer; sgl's own RuntimeEndpoint uses them to format chats.
         "chat_template": getattr(st.engine, "chat_template", None),
         "eos_token": getattr(client_of(request).tokenizer, "eos_token", None),
+        "token_healing": True,  # takes the token_healing sampling parameter (sgl's own)
         "preferred_sampling_params": None,
         "weight_version": "default",
         "has_image_understanding": False,

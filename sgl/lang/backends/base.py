@@ -45,6 +45,9 @@ class Backend(ABC):
     """What the interpreter calls. Subclasses implement `generate` and `get_chat_template`."""
 
     is_chat_model: bool = False  # True: only whole chat turns can be generated (OpenAI chat)
+    # True where the server takes sgl's `token_healing` sampling parameter (the DSL then
+    # heals every gen's prompt boundary); SGLang's servers would refuse the unknown key.
+    supports_token_healing: bool = False
 
     @abstractmethod
     def get_chat_template(self) -> ChatTemplate: ...
@@ -85,6 +88,30 @@ class Backend(ABC):
 
     def select(self, prefix: str, choices: list[str], temperature: float,
                choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
+        """Score each choice as written and, after a prefix that does not end in
+        whitespace, also with the space the model may want first (" Paris" after "A:");
+        each choice competes with its better spelling, the variable is the choice itself
+        and `ChoicesDecision.text` the spelling appended to the prompt."""
+        spellings = [choice_spellings(prefix, c) for c in choices]
+        flat = [s for group in spellings for s in group]
+        scored = self._score(prefix, flat, choices_method.requires_unconditional_logprobs)
+        picked: list[int] = []
+        k = 0
+        for group in spellings:
+            best = max(range(len(group)), key=lambda j: (scored[0][k + j], -j))
+            picked.append(k + best)
+            k += len(group)
+        normalized, input_lps, output_lps, uncond = (
+            [x[i] for i in picked] if x is not None else None for x in scored)
+        decision = choices_method(choices=choices, normalized_prompt_logprobs=normalized,
+                                  input_token_logprobs=input_lps, output_token_logprobs=output_lps,
+                                  unconditional_token_logprobs=uncond)
+        decision.text = flat[picked[choices.index(decision.decision)]]
+        return decision
+
+    def _score(self, prefix: str, choices: list[str], want_unconditional: bool) -> tuple[Any, Any, Any, Any]:
+        """(normalized logprobs, input logprobs, output logprobs, unconditional logprobs or
+        None) of each of `choices` after `prefix` (see the module doc for the boundary)."""
         num_prefix = self.cache_prefix(prefix) if prefix else 0
         start = max(num_prefix - 1, 0)
         results = self.generate(
@@ -104,13 +131,20 @@ class Backend(ABC):
         normalized = [normalized_logprob(e) for e in input_lps]
 
         unconditional = None
-        if choices_method.requires_unconditional_logprobs:
+        if want_unconditional:
             ids = [[int(e[1]) for e in entries] for entries in input_lps]
             uncond = self.generate(None, [{"max_new_tokens": 0, "temperature": 0.0}] * len(ids), input_ids=ids,
                                    return_logprob=True, logprob_start_len=0, return_text_in_logprobs=True)
             assert isinstance(uncond, list)
             unconditional = [[list(e) for e in check_result(r)["meta_info"]["input_token_logprobs"]]
                              for r in uncond]
-        return choices_method(choices=choices, normalized_prompt_logprobs=normalized,
-                              input_token_logprobs=input_lps, output_token_logprobs=output_lps,
-                              unconditional_token_logprobs=unconditional)
+        return normalized, input_lps, output_lps, unconditional
+
+
+def choice_spellings(prefix: str, choice: str) -> list[str]:
+    """How a choice may be appended after `prefix`: as written, and with one leading space
+    where the prefix ends in neither whitespace nor nothing and the choice starts with
+    neither (the boundary where a byte-level model's word tokens carry the space)."""
+    if prefix and not prefix[-1].isspace() and choice and not choice[0].isspace():
+        return [choice, " " + choice]
+    return [choice]

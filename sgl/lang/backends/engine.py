@@ -15,6 +15,7 @@ from sgl.lang.chat_template import ChatTemplate, chat_template_or_default
 
 
 class EngineBackend(Backend):
+    supports_token_healing = True
     def __init__(self, engine: Any):
         self.engine = engine
 

@@ -29,6 +29,8 @@ class RuntimeEndpoint(Backend):
         self._client = httpx.Client(headers=headers, timeout=timeout, verify=True if verify is None else verify,
                                     limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
         self.model_info = self._get("/get_model_info")
+        # An sgl server says it takes `token_healing`; SGLang's would refuse the key.
+        self.supports_token_healing = bool(self.model_info.get("token_healing"))
         if chat_template_name is not None:
             if chat_template_name not in _NAMED_TEMPLATES:
                 raise ValueError(f"unknown chat template {chat_template_name!r}; known: {sorted(_NAMED_TEMPLATES)}")

@@ -10,6 +10,8 @@ import re
 import time
 from typing import Any
 
+from sgl.runtime.constrained.healing import settle as settle_healing
+from sgl.runtime.constrained.healing import strip_healed
 from sgl.runtime.executor.plan import PlanRow, RowResult
 from sgl.runtime.scheduler.detokenize import REPLACEMENT
 from sgl.runtime.scheduler.req import Req, ReqOutput
@@ -51,6 +53,8 @@ class OutputProcessor:
             except ValueError as e:
                 req.finish_reason = {"type": "abort", "message": f"grammar rejected token {token}: {e}"}
                 return
+            if req.heal_prefix:
+                req.grammar = settle_healing(req.grammar)
         past_min = n_out >= p.min_new_tokens
         if token in self.eos_ids and not p.ignore_eos and past_min:
             req.finish_reason = {"type": "stop", "matched": token}
@@ -77,7 +81,8 @@ class OutputProcessor:
         length before it, for matches that straddle tokens); offsets are in the text."""
         p = req.params
         longest = max([len(s) for s in p.stop] + [0])
-        scan_from = max(0, req.stop_check_from - longest)
+        # A healed prefix is prompt text the user already has: never a stop match.
+        scan_from = max(len(req.heal_text), req.stop_check_from - longest)
         recent = req.detok.text_from(scan_from)
         best: tuple[int, int, str] | None = None  # (start, end, matched)
         for s in p.stop:
@@ -161,6 +166,8 @@ class OutputProcessor:
             if finished or not (req.params.stop or req.params.stop_regex):
                 req.text = self.decode(req)
             text = req.text if finished else req.text.rstrip(REPLACEMENT)
+        if text is not None and req.heal_text:
+            text = strip_healed(text, req.heal_text)
         return ReqOutput(rid=req.rid, text=text, output_ids=list(req.output_ids), finished=finished,
                          meta_info=self.meta_info(req))
 
@@ -177,6 +184,9 @@ class OutputProcessor:
             "jump_forward_tokens": req.jump_forward_tokens,
             "e2e_latency": time.monotonic() - req.created_at,
         }
+        if req.healed_tokens:  # prompt_tokens counts the backed-up prompt (what was prefilled)
+            m["healed_tokens"] = req.healed_tokens
+            m["healed_prefix"] = req.heal_text
         if req.first_token_at is not None:
             m["ttft"] = req.first_token_at - req.created_at
         if req.spec_verify_ct:

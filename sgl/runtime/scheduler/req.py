@@ -51,6 +51,11 @@ class Req:
     # (decode) or which room it serves (prefill); cleared once a decode request has its KV.
     bootstrap: Any = None  # protocol.Bootstrap
     pd_meta: dict[str, Any] | None = None  # transfer facts added to meta_info
+    # Token healing (constrained/healing.py): input_ids is the backed-up prompt, and the
+    # output text starts with heal_text (stripped from what the user sees).
+    heal_prefix: bytes = b""
+    heal_text: str = ""
+    healed_tokens: int = 0
 
     # KV state (see module docstring)
     req_pool_idx: int | None = None

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from sgl.runtime.constrained.healing import HealingGrammar, plan_healing
 from sgl.runtime.executor.plan import FatalExecutorError, StepPlan, StepResult
 from sgl.runtime.executor.step import Executor, ModelRunner, StepExecutor
 from sgl.runtime.scheduler.decode import schedule_decode
@@ -307,6 +308,8 @@ class Scheduler:
             else:
                 req.seed = self.cfg.random_seed * 1_000_003 + self._seed_counter
                 self._seed_counter += 1
+        if p.token_healing and p.max_new_tokens > 0 and not req.output_ids and not req.healed_tokens:
+            self._heal(req)
         if p.constraint is not None and req.grammar is None:
             if self.grammar_compiler is None:
                 self._finish(req, {"type": "abort", "message": "constrained decoding is not available"})
@@ -319,6 +322,22 @@ class Scheduler:
         if self.kv.hicache is not None:
             self.kv.hicache.on_arrival(req)
         self._enqueue(req)
+
+    def _heal(self, req: Req) -> None:
+        """Back the prompt up for token healing; an unconstrained request gets the healing
+        grammar now, a constrained one when its grammar is compiled (_poll_grammars)."""
+        tok = getattr(self.grammar_compiler, "tok", None)
+        if tok is None:  # no vocabulary tables here (a fake tokenizer): nothing to heal with
+            return
+        plan = plan_healing(req.input_ids, tok)
+        if plan is None:
+            return
+        req.input_ids = plan.kept
+        req.heal_prefix, req.heal_text, req.healed_tokens = plan.prefix, plan.text, plan.num_removed
+        # Prompt logprobs cover the backed-up prompt only (the removed tokens are output now).
+        req.logprob_start_len = min(req.logprob_start_len, len(plan.kept) - 1)
+        if req.params.constraint is None:
+            req.grammar = HealingGrammar(plan.prefix, None, tok)
 
     def _enqueue(self, req: Req) -> None:
         """Queue for prefill, unless the PD role takes the request (a decode worker's
@@ -340,6 +359,8 @@ class Scheduler:
             self.grammar_wait.remove(req)
             try:
                 req.grammar = fut.result()
+                if req.heal_prefix:
+                    req.grammar = HealingGrammar(req.heal_prefix, req.grammar, self.grammar_compiler.tok)
             except Exception as e:
                 kind = (req.params.constraint or ("constraint",))[0]
                 self._finish(req, {"type": "abort", "message": f"invalid {kind}: {e}"})

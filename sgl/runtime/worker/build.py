@@ -244,11 +244,19 @@ class LazyGrammarCompiler:
         self._timeout = cfg.grammar_compile_timeout
         self._compiler: Any = None
 
-    def submit(self, kind: str, spec: str) -> Any:
+    def _get(self) -> Any:
         if self._compiler is None:
             from sgl.runtime.constrained.registry import GrammarCompiler
             from sgl.runtime.constrained.vocab import TokenizerInfo
 
             tok = TokenizerInfo.from_hf_tokenizer(self._tokenizer, eos_token_ids=self._eos)
             self._compiler = GrammarCompiler(tok, timeout_s=self._timeout)
-        return self._compiler.submit(kind, spec)
+        return self._compiler
+
+    @property
+    def tok(self) -> Any:
+        """The vocabulary as bytes (constrained/vocab.py); token healing needs it too."""
+        return self._get().tok
+
+    def submit(self, kind: str, spec: str) -> Any:
+        return self._get().submit(kind, spec)

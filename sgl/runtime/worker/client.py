@@ -24,6 +24,7 @@ from typing import Any, Callable
 import zmq
 
 from sgl.runtime.config import EngineConfig
+from sgl.runtime.constrained.healing import strip_healed
 from sgl.runtime.ipc.messages import (Abort, Call, Crashed, Generate, Outputs, Ready, Reply, Request,
                                       decode_from_worker, encode)
 from sgl.runtime.scheduler.detokenize import REPLACEMENT, DecodeState
@@ -178,6 +179,9 @@ class WorkerClient:
             text = t.detok.text()
             if not item.finished:
                 text = text.rstrip(REPLACEMENT)
+            healed = item.meta_info.get("healed_prefix")
+            if healed:
+                text = strip_healed(text, healed)
         if item.finished:
             del self._tracks[item.rid]
         t.on_output(ReqOutput(item.rid, text, list(t.ids), item.finished, item.meta_info))
