@@ -37,7 +37,7 @@ from .cfg_rewrite import Call, CfgRewriter, Raw
 from .gbnf import Alt, AnyChar, Cls, Lit, Ref, Rep, Seq
 from .json_schema._regex import (MAX_CODEPOINT, ReservedCodePoint, call_marker, char_class,
                                  group, literal, repeat)
-from .pushdown import CompiledPushdown, Config
+from .pushdown import CompiledPushdown
 from .pushdown_build import PushdownTables, prune, split_calls
 from .vocab import TokenizerInfo
 
@@ -154,19 +154,11 @@ class CompiledCfg(CompiledPushdown):
         super().__init__(*args, **kwargs)
         self._idem: dict[tuple[int, int], bool] = {}
 
-    def step_bytes(self, config: Config, data: bytes) -> Config | None:
-        cur = config
-        for b in data:
-            nxt: set = set()
-            for st in cur:
-                self._step(st, b, nxt, frozenset())
-            if not nxt:
-                return None
-            nxt = {self._fold(st) for st in nxt}
-            if len(nxt) > _MAX_STACKS:
-                nxt = set(sorted(nxt, key=lambda s: (len(s), s))[:_MAX_STACKS])
-            cur = frozenset(nxt)
-        return cur
+    def _bound_stacks(self, stacks: set) -> set:
+        nxt = {self._fold(st) for st in stacks}
+        if len(nxt) > _MAX_STACKS:
+            nxt = set(sorted(nxt, key=lambda s: (len(s), s))[:_MAX_STACKS])
+        return nxt
 
     def _fold(self, st: tuple) -> tuple:
         if len(st) < 6:

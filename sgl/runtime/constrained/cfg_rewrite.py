@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .base import GrammarError
-from .gbnf import Alt, Cls, Lit, Ref, Rep, Seq
+from .gbnf import Alt, Cls, Lit, Ref, Rep, Seq, children
 
 _MAX_NODES = 200_000
 
@@ -69,16 +69,6 @@ def star(item: N, lo: int = 0, hi: int | None = None) -> N:
     if item == EPS:
         return EPS
     return Rep(item, lo, hi)  # type: ignore[arg-type]
-
-
-def children(node: object) -> tuple:
-    if isinstance(node, Alt):
-        return node.options
-    if isinstance(node, Seq):
-        return node.items
-    if isinstance(node, Rep):
-        return (node.item,)
-    return ()
 
 
 def size(node: object) -> int:

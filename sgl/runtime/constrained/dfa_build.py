@@ -23,8 +23,6 @@ without one (leftmost-first semantics again).
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from ..config import settings

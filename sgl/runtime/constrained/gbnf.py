@@ -251,7 +251,7 @@ class _Translator:
         if isinstance(node, Ref):
             if node.name not in self.rules:
                 raise GrammarError(f"ebnf: rule {node.name!r} is used but not defined")
-        for child in _children(node):
+        for child in children(node):
             self._refs_defined(child)
 
     def is_lexical(self, name: str, visiting: frozenset[str] = frozenset()) -> bool:
@@ -428,7 +428,8 @@ def _stable_id(name: str) -> str:
     return hashlib.md5(name.encode()).hexdigest()[:6]
 
 
-def _children(node: Node) -> tuple[Node, ...]:
+def children(node: Node) -> tuple[Node, ...]:
+    """The direct sub-expressions of a rule body node."""
     if isinstance(node, Alt):
         return node.options
     if isinstance(node, Seq):
@@ -442,7 +443,7 @@ def _refs(node: Node) -> set[str]:
     if isinstance(node, Ref):
         return {node.name}
     out: set[str] = set()
-    for c in _children(node):
+    for c in children(node):
         out |= _refs(c)
     return out
 

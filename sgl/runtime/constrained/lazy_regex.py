@@ -23,6 +23,7 @@ from ..lru import LRU
 from .base import GrammarError
 from .state_stack import TERMINATED, StateStackGrammar
 from .byte_dfa import ByteDFA
+from .masks import or_into
 from .token_trie import TokenTrie
 from .vocab import TokenizerInfo
 
@@ -174,12 +175,7 @@ class LazyRegexGrammar(StateStackGrammar):
         if self.state == TERMINATED:
             mask_row[list(c.tok.eos_token_ids)] = True
             return
-        m = c.token_mask(self.state)
-        if mask_row.device.type == "cpu":
-            row = mask_row.numpy()  # in-place OR on a numpy view: no torch dispatch
-            np.logical_or(row[: m.size], m, out=row[: m.size])
-        else:
-            mask_row[: m.size] |= torch.from_numpy(m).to(mask_row.device)
+        or_into(mask_row, c.token_mask(self.state))
         if c.accept[self.state]:
             mask_row[list(c.tok.eos_token_ids)] = True
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .base import GrammarError
+from .masks import or_into
 from .vocab import TokenizerInfo, greedy_encode
 
 
@@ -99,12 +100,7 @@ class LLGGrammar:
         return np.unpackbits(bits, bitorder="little", count=self.compiled.tok.vocab_size).view(bool)
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
-        m = self._mask()
-        if mask_row.device.type == "cpu":
-            row = mask_row.numpy()
-            np.logical_or(row[: m.size], m, out=row[: m.size])
-        else:
-            mask_row[: m.size] |= torch.from_numpy(m.copy()).to(mask_row.device)
+        or_into(mask_row, self._mask())
 
     def allowed_token_ids(self) -> list[int]:
         return np.nonzero(self._mask())[0].tolist()

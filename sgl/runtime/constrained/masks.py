@@ -11,9 +11,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .base import Grammar
+
+
+def or_into(mask_row: torch.Tensor, allowed: np.ndarray) -> None:
+    """mask_row[:n] |= allowed (bool [n]): in place on a CPU row's numpy view (no torch
+    dispatch), else through a copy on the row's device."""
+    if mask_row.device.type == "cpu":
+        row = mask_row.numpy()
+        np.logical_or(row[: allowed.size], allowed, out=row[: allowed.size])
+    else:
+        mask_row[: allowed.size] |= torch.from_numpy(np.ascontiguousarray(allowed)).to(mask_row.device)
 
 
 def allocate_masks(batch_size: int, width: int) -> torch.Tensor:

@@ -93,10 +93,14 @@ class CompiledPushdown:
                 self._step(st, b, nxt, frozenset())
             if not nxt:
                 return None
-            if len(nxt) > _MAX_STACKS:
-                raise GrammarError(f"{self.kind}: too many parallel parses (ambiguous schema)")
-            cur = frozenset(nxt)
+            cur = frozenset(self._bound_stacks(nxt))
         return cur
+
+    def _bound_stacks(self, stacks: set) -> set:
+        """The stacks kept after one byte (a general grammar's matcher folds and trims them)."""
+        if len(stacks) > _MAX_STACKS:
+            raise GrammarError(f"{self.kind}: too many parallel parses (ambiguous schema)")
+        return stacks
 
     def can_end(self, config: Config) -> bool:
         if config is _TERMINATED:
