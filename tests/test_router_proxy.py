@@ -65,7 +65,8 @@ def test_generate_request_id_and_batch(http):
 
 
 def test_generate_stream_is_passed_through_unbuffered(http, workers):
-    body = {"text": "Count: 1, 2, 3,", "stream": True, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
+    # Long enough to still be running when the first frame arrives (a step is ~14 ms here).
+    body = {"text": "Count: 1, 2, 3,", "stream": True, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
     running_at_first_frame = None
     text = ""
     with http.stream("POST", "/generate", json=body) as r:
@@ -81,7 +82,7 @@ def test_generate_stream_is_passed_through_unbuffered(http, workers):
     fs = frames(text)
     assert fs[-1] == "[DONE]" and len(fs) >= 3
     last = json.loads(fs[-2])
-    assert last["meta_info"]["completion_tokens"] == 16
+    assert last["meta_info"]["completion_tokens"] == 200
 
 
 def test_openai_client_completions_chat_and_stream(router):
