@@ -193,7 +193,7 @@ class _Parser:
 
     def string(self) -> str:
         self.i += 1
-        out = []
+        out: list[str] = []
         while True:
             if self.i >= len(self.s):
                 raise self.err("unterminated string literal")
@@ -428,7 +428,7 @@ def _stable_id(name: str) -> str:
     return hashlib.md5(name.encode()).hexdigest()[:6]
 
 
-def children(node: Node) -> tuple[Node, ...]:
+def children(node: object) -> tuple:
     """The direct sub-expressions of a rule body node."""
     if isinstance(node, Alt):
         return node.options
