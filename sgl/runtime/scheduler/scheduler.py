@@ -23,6 +23,7 @@ from sgl.runtime.constrained.healing import HealingGrammar, plan_healing
 from sgl.runtime.executor.plan import FatalExecutorError, StepPlan, StepResult
 from sgl.runtime.executor.step import Executor, ModelRunner, StepExecutor
 from sgl.runtime.scheduler.decode import schedule_decode
+from sgl.runtime.scheduler.snapshot import scheduler_snapshot
 from sgl.runtime.scheduler.kv_cache import KVCache
 from sgl.runtime.scheduler.output import OutputProcessor
 from sgl.runtime.scheduler.plan import make_plan
@@ -473,49 +474,5 @@ class Scheduler:
         return True
 
     def snapshot(self) -> dict[str, Any]:
-        """Counters and the current load (plain data; cheap: sums per-request lengths).
-
-        num_running_tokens: context held by admitted requests (prompt + output so far);
-        num_waiting_tokens: tokens waiting requests will prefill (their prompt, plus the
-        output so far of a retracted one); num_pending_prefill_tokens: the prefill work
-        queued, i.e. what the cache does not cover of the waiting requests (a read-only
-        tree match each) plus what admitted requests have still to prefill;
-        generated_tokens_total: every output token so far, running requests included
-        (generation_tokens_total counts at finish only)."""
-        kv = self.kv
-        total = kv.allocator.capacity
-        free = kv.allocator.num_free
-        prompt = self.stats["prompt_tokens_total"]
-        admitted = self.running + self.prefilling
-        queued = self.waiting + self.grammar_wait
-        live_output = sum(len(r.output_ids) for r in admitted + queued)
-        return {
-            **self.stats,
-            "num_running_reqs": len(admitted),
-            "num_waiting_reqs": len(queued),
-            "num_running_tokens": sum(r.fill_len for r in admitted),
-            "num_waiting_tokens": sum(r.fill_len for r in queued),
-            "num_pending_prefill_tokens": sum(r.fill_len - kv.tree.prefix_len(r.fill_ids) for r in queued)
-            + sum(max(r.fill_len - r.num_computed, 0) for r in self.prefilling),
-            "generated_tokens_total": self.stats["generation_tokens_total"] + live_output,
-            "max_total_tokens": total,
-            "kv_total_tokens": total,
-            "kv_free_tokens": free,
-            "kv_used_tokens": total - free,
-            "kv_cached_tokens": kv.tree.total_size(),
-            "kv_evictable_tokens": kv.tree.evictable_size(),
-            "kv_usage": (total - free) / total if total else 0.0,
-            "cache_hit_rate": (self.stats["cached_tokens_total"] / prompt) if prompt else 0.0,
-            **self._hicache_snapshot(),
-            **(self.spec.snapshot() if self.spec is not None else {"spec_algorithm": None}),
-            **(self.pd.snapshot() if self.pd is not None else {"disaggregation_mode": "null"}),
-        }
-
-    def _hicache_snapshot(self) -> dict[str, Any]:
-        hc = self.kv.hicache
-        if hc is None:
-            return {"hicache_enabled": False}
-        host_pool = getattr(self.executor, "host_pool", None)
-        out = {"hicache_enabled": True, **hc.snapshot(host_pool.page_nbytes if host_pool is not None else 0)}
-        out.update(getattr(self.executor, "copy_stats", {}))
-        return out
+        """Counters and the current load as plain data (scheduler/snapshot.py)."""
+        return scheduler_snapshot(self)
