@@ -60,10 +60,7 @@ class PrefixIndex:
 
     @staticmethod
     def of(tok: TokenizerInfo) -> "PrefixIndex":
-        idx = tok._memo.get("heal_prefix_index")
-        if idx is None:
-            idx = tok._memo["heal_prefix_index"] = PrefixIndex(tok)
-        return idx
+        return tok.memo("heal_prefix_index", lambda: PrefixIndex(tok))
 
     def span(self, prefix: bytes) -> tuple[int, int]:
         """[lo, hi) of the sorted keys that start with `prefix` (they are contiguous)."""

@@ -50,10 +50,7 @@ class VocabWalker:
 
     @staticmethod
     def of(tok: TokenizerInfo) -> "VocabWalker":
-        w = tok._memo.get("lazy_walker")
-        if w is None:
-            w = tok._memo["lazy_walker"] = VocabWalker(tok)
-        return w
+        return tok.memo("lazy_walker", lambda: VocabWalker(tok))
 
     def allowed(self, trans: np.ndarray, state: int) -> np.ndarray:
         """Bool [vocab_size]: tokens whose bytes all have live transitions from `state`."""

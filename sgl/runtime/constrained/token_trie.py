@@ -83,10 +83,11 @@ class TokenTrie:
 
     @staticmethod
     def of(tok: TokenizerInfo) -> "TokenTrie | None":
-        if "token_trie" not in tok._memo:
+        def build() -> "TokenTrie | None":
             lib = _library()
-            tok._memo["token_trie"] = TokenTrie(tok, lib) if lib is not None else None
-        return tok._memo["token_trie"]
+            return TokenTrie(tok, lib) if lib is not None else None
+
+        return tok.memo("token_trie", build)
 
     def allowed(self, trans: np.ndarray, state: int) -> np.ndarray:
         """Bool [vocab_size]: tokens whose bytes all have live transitions from `state`."""

@@ -15,7 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -150,6 +150,12 @@ class TokenizerInfo:
             ids = np.array([i for i, _ in items], dtype=np.int64)
             t = self._memo["byte_table"] = (ids, lens, mat)
         return t
+
+    def memo(self, name: str, build: Callable[[], Any]) -> Any:
+        """One derived table per tokenizer (walkers, tries, indexes): `build()` on first use."""
+        if name not in self._memo:
+            self._memo[name] = build()
+        return self._memo[name]
 
     def decode(self, ids: Iterable[int]) -> bytes:
         """Concatenated bytes of non-special ids (special ones contribute nothing)."""
