@@ -335,6 +335,64 @@ static int64_t lane_floats(int max_len, int d, int group) {
     return group * (up16(max_len) + up16(d + 16) + up16(d));
 }
 
+/* The V sums use AVX2 at both SIMD levels (every AVX512 CPU has it). */
+#if defined(SGL_AVX2_SIMD) || defined(SGL_BF16_SIMD)
+#define V_SIMD 1
+#ifndef KV_AHEAD
+#define KV_AHEAD 16
+#endif
+#endif
+
+#ifdef V_SIMD
+/* a[r * d + i] += sum_j scores[r * ss + j] * V[slots[j], g, i] for i in [i0, i0 + 8 W) and
+ * the G query heads of the group, the G x W vectors of sums held in registers for the
+ * whole pass over the keys (a sum kept in memory costs a load and a store per key). One
+ * fma per key in key order, as the plain loop does, so the sums are the same bits. */
+static inline __attribute__((always_inline)) void values_pass(const float *scores, int64_t ss, const bf16 *V,
+                                                               const int64_t *slots, int len, int nkv, int g, int d,
+                                                               int i0, float *a, const int G, const int W) {
+    __m256 acc[KEY_HEADS][4];
+    for (int r = 0; r < G; r++)
+        for (int w = 0; w < W; w++) acc[r][w] = _mm256_loadu_ps(a + r * d + i0 + 8 * w);
+    for (int j = 0; j < len; j++) {
+        const bf16 *v = V + (slots[j] * nkv + g) * d + i0;
+        if (j + KV_AHEAD < len) _mm_prefetch((const char *)(V + (slots[j + KV_AHEAD] * nkv + g) * d + i0), _MM_HINT_T0);
+        __m256 v8[4];
+        for (int w = 0; w < W; w++)
+            v8[w] = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + 8 * w))), 16));
+        for (int r = 0; r < G; r++) {
+            __m256 s = _mm256_set1_ps(scores[r * ss + j]);
+            for (int w = 0; w < W; w++) acc[r][w] = _mm256_fmadd_ps(s, v8[w], acc[r][w]);
+        }
+    }
+    for (int r = 0; r < G; r++)
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(a + r * d + i0 + 8 * w, acc[r][w]);
+}
+
+/* The weighted sum of V rows for `group` (<= KEY_HEADS) heads, d a multiple of 8: passes of
+ * 32 dimensions (one cache line of a bf16 row) with at most 12 accumulators, 8 at the end. */
+static void values_sum(const float *scores, int64_t ss, const bf16 *V, const int64_t *slots, int len, int nkv, int g,
+                       int group, int d, float *a) {
+    int i0 = 0;
+    for (; i0 + 32 <= d; i0 += 32) {
+        if (group == 1) values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 1, 4);
+        else if (group == 2) values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 2, 4);
+        else if (group == 3) values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 3, 4);
+        else {
+            values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 4, 2);
+            values_pass(scores, ss, V, slots, len, nkv, g, d, i0 + 16, a, 4, 2);
+        }
+    }
+    for (; i0 < d; i0 += 8) {
+        if (group == 1) values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 1, 1);
+        else if (group == 2) values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 2, 1);
+        else if (group == 3) values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 3, 1);
+        else values_pass(scores, ss, V, slots, len, nkv, g, d, i0, a, 4, 1);
+    }
+}
+#endif
+
 /* Attention of the `group` query heads q + r * d that share K/V head g, over `len` cached
  * slots, in `lane` scratch; out + r * d gets head r. Each K and V row is fetched once
  * for the group. The sums run in the same order whatever thread runs the group and
@@ -355,25 +413,15 @@ static void attend_group(const bf16 *q, const bf16 *K, const bf16 *V, const int6
         for (int j = 0; j < len; j++) s[j] *= inv;
     }
     memset(a, 0, sizeof(float) * group * d);
+#ifdef V_SIMD
+    if (d % 8 == 0 && group <= KEY_HEADS) {
+        values_sum(scores, ss, V, slots, len, nkv, g, group, d, a);
+    } else
+#endif
     for (int j = 0; j < len; j++) {
         const bf16 *v = V + (slots[j] * nkv + g) * d;
-#ifdef SGL_AVX2_SIMD
-        int i = 0;
-        if (j + KV_AHEAD < len) prefetch_row(V + (slots[j + KV_AHEAD] * nkv + g) * d, d);
-        for (; i + 8 <= d; i += 8) { /* 8 dimensions widened once for the whole group */
-            __m256 v8 = _mm256_castsi256_ps(
-                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + i))), 16));
-            for (int r = 0; r < group; r++) {
-                float *ar = a + r * d + i;
-                _mm256_storeu_ps(ar, _mm256_fmadd_ps(_mm256_set1_ps(scores[r * ss + j]), v8, _mm256_loadu_ps(ar)));
-            }
-        }
         for (int r = 0; r < group; r++)
-            for (int t = i; t < d; t++) a[r * d + t] = fmaf(scores[r * ss + j], bf2f(v[t]), a[r * d + t]);
-#else
-        for (int r = 0; r < group; r++)
-            for (int t = 0; t < d; t++) a[r * d + t] += scores[r * ss + j] * bf2f(v[t]);
-#endif
+            for (int t = 0; t < d; t++) a[r * d + t] = fmaf(scores[r * ss + j], bf2f(v[t]), a[r * d + t]);
     }
     for (int r = 0; r < group; r++)
         for (int i = 0; i < d; i++) out[(int64_t)r * d + i] = f2bf(a[r * d + i]);
