@@ -145,6 +145,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=None, help="use about this many questions (smoke runs)")
     ap.add_argument("--max-total-tokens", type=int, default=65536)
+    ap.add_argument("--max-running-requests", type=int, default=None,
+                    help="cap the batch (e.g. 16: every step then fits the C decode kernel's rows, so a "
+                         "request's logits no longer depend on which path its batch took)")
     ap.add_argument("--methods", default=None, help="comma-separated words: run the methods whose name "
                                                     "contains one (default: all)")
     args = ap.parse_args()
@@ -155,7 +158,8 @@ def main() -> None:
     acc: dict[tuple[str, str], dict[str, float]] = {}
     samples: dict[str, Any] = {}
     for mode in ("today", "new"):
-        engine = Engine(max_total_tokens=args.max_total_tokens, disable_jump_forward_healing=mode == "today")
+        caps = {} if args.max_running_requests is None else {"max_running_requests": args.max_running_requests}
+        engine = Engine(max_total_tokens=args.max_total_tokens, disable_jump_forward_healing=mode == "today", **caps)
         backend = EngineBackend(engine)
         try:
             for method, (head, params, value) in int_methods(mode).items():
