@@ -81,6 +81,15 @@ def test_jump_forward_holds_back_what_the_model_extends(engine):
     assert chunks[-1]["text"] == res["text"] and chunks[-1]["output_ids"] == res["output_ids"]
     both = engine.generate([prompt, prompt], [params, params])
     assert [r["text"] for r in both] == [res["text"]] * 2
+    forked = engine.generate(prompt, {**params, "n": 2})
+    assert [r["text"] for r in forked] == [res["text"]] * 2
+
+
+def test_streamed_json_gen_stores_the_json_alone(engine):
+    st = json_answer.run("How many days are in a week?", ":", backend=engine, temperature=0, stream=True)
+    list(st.text_iter())
+    assert json.loads(st["a"]) == {"answer": 7} and st["a"].startswith("{")
+    assert st.text().endswith("Answer: " + st["a"])
 
 
 def test_holdback_on_the_vocabulary(tok):

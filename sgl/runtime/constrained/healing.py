@@ -57,6 +57,7 @@ class PrefixIndex:
         self.by_bytes: dict[bytes, list[int]] = {}
         for b, i in pairs:
             self.by_bytes.setdefault(b, []).append(i)
+        self._longer: dict[bytes, torch.Tensor] = {}
 
     @staticmethod
     def of(tok: TokenizerInfo) -> "PrefixIndex":
@@ -70,6 +71,18 @@ class PrefixIndex:
             return lo, len(self.keys)
         upper = upper[:-1] + bytes([upper[-1] + 1])
         return lo, bisect.bisect_left(self.keys, upper, lo)
+
+    def longer_ids(self, prefix: bytes) -> torch.Tensor:
+        """Ids of the tokens strictly longer than `prefix` that start with it (memoized:
+        jump-forward asks for the same few tails, `"` and `":`, again and again)."""
+        got = self._longer.get(prefix)
+        if got is None:
+            lo, hi = self.span(prefix)
+            got = torch.as_tensor([self.ids[k] for k in range(lo, hi) if len(self.keys[k]) > len(prefix)],
+                                  dtype=torch.long)
+            if len(self._longer) < 4096:
+                self._longer[prefix] = got
+        return got
 
     def any_extends(self, prefix: bytes) -> bool:
         """True if some token is strictly longer than `prefix` and starts with it."""
@@ -312,14 +325,12 @@ def grammar_extends(grammar: Any, held: bytes, tok: TokenizerInfo) -> bool:
     that starts with it? (If not, holding `held` back gains nothing: force it.) The mask
     computed here is the one the next step needs, so backends that cache masks per state
     pay for it once."""
-    index = PrefixIndex.of(tok)
-    lo, hi = index.span(held)
-    longer = [index.ids[k] for k in range(lo, hi) if len(index.keys[k]) > len(held)]
-    if not longer:
+    longer = PrefixIndex.of(tok).longer_ids(held)
+    if not len(longer):
         return False
     row = torch.zeros(tok.vocab_size, dtype=torch.bool)
     try:
         grammar.fill_mask(row)
     except (IndexError, RuntimeError, ValueError):  # a backend that wants the model's width: hold back
         return True
-    return bool(row[torch.as_tensor(longer, dtype=torch.long)].any())
+    return bool(row[longer].any())
