@@ -9,22 +9,27 @@ few-shot prompt), and unconstrained then parsed (the first integer of the text, 
 prompt styles); each option question with `select` and unconstrained then parsed (the
 option that appears first).
 
-Two behaviours, in one run on one engine:
+Two behaviours, in one run, each on its own engine:
 - `today`: no token healing; SGLang's `gen_int` (regex `[-+]?[0-9]+[ \\n]*`, stops " "
-  and "\\n"); `select` scores each option exactly as written; compact JSON.
+  and "\\n"); `select` scores each option exactly as written; compact JSON (sent as the
+  schema's compact regex) and jump-forward over the whole forced text
+  (--disable-jump-forward-healing).
 - `new`: token healing on (what the DSL sends on an sgl backend); the DSL's typed-gen
   pattern (one optional space or newline before the value, sgl/lang/ir.py TYPED_REGEX_INT)
   and regex form (the user's regex between an optional space and an optional trailing
-  space/newline, TOLERANT_REGEX); `select`
-  also scores " option" after a prefix that ends in a non-space; JSON compact as before
-  (`json`) and with an optional space between JSON tokens (`json_ws`, sent as the
-  schema's regex), to see whether flexible whitespace helps.
+  space/newline, TOLERANT_REGEX); `select` also scores " option" after a prefix that ends
+  in a non-space; JSON as the server sends a json_schema now (`json`: one optional space
+  between JSON tokens and before the value, registry.DEFAULT_JSON_WHITESPACE, and
+  jump-forward holding back a forced tail the model would extend), and compact (`json
+  compact`, the schema's compact regex, same engine) to show what the whitespace buys.
 
 The value is parsed as the DSL stores it (gen_int: the digits; select: the option). Target
 of the issue: each constrained row >= the unconstrained-parsed row of its prompt style, in
 every prompt shape. Prints lscpu's model name; writes results/bench_boundary_accuracy.json.
 
-Run: .venv/bin/python benchmarks/bench_boundary_accuracy.py [--limit N]
+Run: .venv/bin/python benchmarks/bench_boundary_accuracy.py [--limit N] [--methods json]
+(--methods: comma-separated words; a method runs if its name contains one, e.g. `json`
+runs the JSON rows and their unconstrained baseline; `select,option` the option rows).
 """
 
 from __future__ import annotations
@@ -124,27 +129,42 @@ def int_methods(mode: str) -> dict[str, tuple[str, dict[str, Any], Any]]:
         "json": (JSON_HEAD, {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 16, **base}, json_answer),
         "free (json prompt)": (JSON_HEAD, {"max_new_tokens": 16, **base}, first_int),
     }
+    compact = {"regex": json_schema_to_regex(json.dumps(SCHEMA)), "max_new_tokens": 16, **base}
     if heal:
-        ws = json_schema_to_regex(json.dumps(SCHEMA), whitespace=r"[ ]?")
-        out["json_ws"] = (JSON_HEAD, {"regex": ws, "max_new_tokens": 16, **base}, json_answer)
+        out["json compact"] = (JSON_HEAD, compact, json_answer)
+    else:  # today's server default for a json_schema
+        out["json"] = (JSON_HEAD, compact, json_answer)
     return out
+
+
+def wanted(name: str, words: list[str] | None) -> bool:
+    return words is None or any(w in name for w in words)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=None, help="use about this many questions (smoke runs)")
     ap.add_argument("--max-total-tokens", type=int, default=65536)
+    ap.add_argument("--max-running-requests", type=int, default=None,
+                    help="cap the batch (e.g. 16: every step then fits the C decode kernel's rows, so a "
+                         "request's logits no longer depend on which path its batch took)")
+    ap.add_argument("--methods", default=None, help="comma-separated words: run the methods whose name "
+                                                    "contains one (default: all)")
     args = ap.parse_args()
+    words = args.methods.split(",") if args.methods else None
     ints, chs = load(args.limit)
     print(f"cpu: {cpu_model()}\nquestions: {len(ints)} integer, {len(chs)} option")
     t0 = time.perf_counter()
-    engine = Engine(max_total_tokens=args.max_total_tokens)
-    backend = EngineBackend(engine)
     acc: dict[tuple[str, str], dict[str, float]] = {}
     samples: dict[str, Any] = {}
-    try:
-        for mode in ("today", "new"):
+    for mode in ("today", "new"):
+        caps = {} if args.max_running_requests is None else {"max_running_requests": args.max_running_requests}
+        engine = Engine(max_total_tokens=args.max_total_tokens, disable_jump_forward_healing=mode == "today", **caps)
+        backend = EngineBackend(engine)
+        try:
             for method, (head, params, value) in int_methods(mode).items():
+                if not wanted(method, words):
+                    continue
                 for label, end in SHAPES.items():
                     prompts = [f"{head}Question: {it['question']}\nAnswer{end}" for it in ints]
                     texts = run_gens(engine, prompts, params)
@@ -154,21 +174,23 @@ def main() -> None:
             for label, end in SHAPES.items():
                 prompts = [f"{CHOICE_HEAD}Question: {it['question']} Options: {', '.join(it['choices'])}.\nAnswer{end}"
                            for it in chs]
-                picks = []
-                for p, it in zip(prompts, chs):
-                    if mode == "new":
-                        picks.append(backend.select(p, it["choices"], 0.0, token_length_normalized).decision)
-                    else:  # each option scored exactly as written, as before
-                        normalized = backend._score(p, it["choices"], False)[0]
-                        picks.append(it["choices"][max(range(len(normalized)), key=lambda i: (normalized[i], -i))])
-                ok = [pk == it["answer"] for pk, it in zip(picks, chs)]
-                acc.setdefault(("select", mode), {})[label] = 100.0 * sum(ok) / len(ok)
-                texts = run_gens(engine, prompts, {"max_new_tokens": 6, "token_healing": mode == "new"})
-                ok = [first_choice(t, it["choices"]) == it["answer"] for t, it in zip(texts, chs)]
-                acc.setdefault(("free (option prompt)", mode), {})[label] = 100.0 * sum(ok) / len(ok)
-                samples[f"select|{mode}|{label}"] = picks[:5]
-    finally:
-        engine.shutdown()
+                if wanted("select", words):
+                    picks = []
+                    for p, it in zip(prompts, chs):
+                        if mode == "new":
+                            picks.append(backend.select(p, it["choices"], 0.0, token_length_normalized).decision)
+                        else:  # each option scored exactly as written, as before
+                            normalized = backend._score(p, it["choices"], False)[0]
+                            picks.append(it["choices"][max(range(len(normalized)), key=lambda i: (normalized[i], -i))])
+                    ok = [pk == it["answer"] for pk, it in zip(picks, chs)]
+                    acc.setdefault(("select", mode), {})[label] = 100.0 * sum(ok) / len(ok)
+                    samples[f"select|{mode}|{label}"] = picks[:5]
+                if wanted("free (option prompt)", words):
+                    texts = run_gens(engine, prompts, {"max_new_tokens": 6, "token_healing": mode == "new"})
+                    ok = [first_choice(t, it["choices"]) == it["answer"] for t, it in zip(texts, chs)]
+                    acc.setdefault(("free (option prompt)", mode), {})[label] = 100.0 * sum(ok) / len(ok)
+        finally:
+            engine.shutdown()
     wall = time.perf_counter() - t0
     rows = [{"method": m, "behaviour": mode, **{f"acc% '{s}'": acc[(m, mode)][s] for s in SHAPES}}
             for (m, mode) in sorted(acc, key=lambda k: (k[0], k[1] != "today"))]

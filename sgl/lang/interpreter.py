@@ -72,6 +72,12 @@ def regex_result(text: str, regex: str) -> tuple[str, str]:
     return text, text
 
 
+def json_result(text: str) -> str:
+    """The variable of a JSON Schema gen: its text without the whitespace the constraint
+    allows before the value (after "Answer:" the model writes ` {"`); the prompt keeps it."""
+    return text.lstrip(" \t\n\r")
+
+
 class StreamExecutor:
     def __init__(self, backend: Backend, arguments: dict[str, Any], default_params: GenParams,
                  chat_template: ChatTemplate | None = None, stream: bool = False, program_name: str = "program"):
@@ -286,6 +292,7 @@ class StreamExecutor:
         merged = expr.sampling_params.merged_over(self.default_params)
         typed = merged.dtype is not None
         user_regex = None if typed else merged.sampling.get("regex")
+        is_json = not typed and merged.sampling.get("json_schema") is not None
         if not self.stream or sp.get("n", 1) > 1 or typed or user_regex is not None:
             res = self.backend.generate(self.text_, sp, **opts)
             results = res if isinstance(res, list) else [res]
@@ -294,6 +301,8 @@ class StreamExecutor:
                 pairs = [typed_result(t) for t, _ in pairs]
             elif user_regex is not None:
                 pairs = [regex_result(t, user_regex) for t, _ in pairs]
+            elif is_json:
+                pairs = [(t, json_result(t)) for t, _ in pairs]
             self._append(pairs[0][0])
             if isinstance(res, list):
                 self._set_var(expr.name, [v for _, v in pairs], [r["meta_info"] for r in res])
@@ -314,7 +323,8 @@ class StreamExecutor:
                 self.variables[expr.name] += piece
                 self.meta_info[expr.name] = meta
                 self.cond.notify_all()
-        self._set_var(expr.name, self.variables[expr.name], meta)
+        value = self.variables[expr.name]
+        self._set_var(expr.name, json_result(value) if is_json else value, meta)
 
     def _execute_select(self, expr: SglSelect) -> None:
         decision = self.backend.select(self.text_, expr.choices, expr.temperature, expr.choices_method)

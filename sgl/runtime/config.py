@@ -78,6 +78,8 @@ class EngineConfig(SharedOptions):
                                              "cpu (its C kernel, where it applies) and torch, measured at first start "
                                              "on this host and cached)")
     disable_jump_forward: bool = _f(False, "sample forced grammar strings token by token (for comparison)")
+    disable_jump_forward_healing: bool = _f(False, "jump forward over the whole forced string, even where its last "
+                                                   "token is one the model could extend (for comparison)")
     enable_mixed_chunk: bool = _f(False, "run running requests' decode steps inside prefill batches "
                                          "(no pause while long prompts are prefilled)")
     random_seed: int = _f(0, "seed for requests without their own seed")
@@ -288,6 +290,12 @@ class Settings(SharedOptions):
                                     "outlines (a full outlines-core index at compile)", ("lazy", "outlines"))
     lazy_dfa: str = _f("rust", "byte-DFA builder of the lazy backend: rust (regex-automata via outlines-core) or "
                                "interegular (pure Python, slower)", ("rust", "interegular"))
+    constrained_json_whitespace_pattern: str | None = _f(
+        None, "regex for the whitespace a JSON Schema constraint allows between JSON tokens and before the value "
+              "(SGLang's flag; ours and outlines: default one optional space, [ ]?, which measured best for "
+              "accuracy; llguidance: default its flexible whitespace; xgrammar: ignored)")
+    constrained_json_disable_any_whitespace: bool = _f(
+        False, "compact JSON: no whitespace between JSON tokens or before the value (SGLang's flag; every backend)")
     pushdown_lazy: bool = _f(True, "build a pushdown grammar's sub-machines on first use instead of all at compile")
     grammar_cache_entries: int = _f(256, "compiled grammars kept in memory (least recently used dropped first)")
     grammar_disk_cache: bool = _f(True, "keep compiled regex DFAs / indexes on disk under <cache dir>/grammars")

@@ -57,6 +57,7 @@ class PrefixIndex:
         self.by_bytes: dict[bytes, list[int]] = {}
         for b, i in pairs:
             self.by_bytes.setdefault(b, []).append(i)
+        self._longer: dict[bytes, torch.Tensor] = {}
 
     @staticmethod
     def of(tok: TokenizerInfo) -> "PrefixIndex":
@@ -70,6 +71,18 @@ class PrefixIndex:
             return lo, len(self.keys)
         upper = upper[:-1] + bytes([upper[-1] + 1])
         return lo, bisect.bisect_left(self.keys, upper, lo)
+
+    def longer_ids(self, prefix: bytes) -> torch.Tensor:
+        """Ids of the tokens strictly longer than `prefix` that start with it (memoized:
+        jump-forward asks for the same few tails, `"` and `":`, again and again)."""
+        got = self._longer.get(prefix)
+        if got is None:
+            lo, hi = self.span(prefix)
+            got = torch.as_tensor([self.ids[k] for k in range(lo, hi) if len(self.keys[k]) > len(prefix)],
+                                  dtype=torch.long)
+            if len(self._longer) < 4096:
+                self._longer[prefix] = got
+        return got
 
     def any_extends(self, prefix: bytes) -> bool:
         """True if some token is strictly longer than `prefix` and starts with it."""
@@ -271,3 +284,53 @@ class HealingGrammar:
 
     def copy(self) -> "HealingGrammar":
         return HealingGrammar(self.prefix, None if self.inner is None else self.inner.copy(), self.tok)
+
+
+# -- the jump-forward boundary ---------------------------------------------------------
+#
+# Jump-forward appends our own tokenization of the text a grammar forces. Its last token
+# may be one the model would have extended: forced `{"answer"` ends in `"`, where the model
+# writes `":` as one token. Forcing `"` puts the model off its own tokenization (the same
+# harm as a prompt ending in a space). So, as at the prompt boundary, the tail is held
+# back: the forced tokens are appended short of it, and the grammar's own mask (which
+# allows only tokens that start with the rest of the forced text) lets the model spell it
+# with the token it prefers.
+#
+#     retokenized ids: | head (sampled) | forced ........ | held back |
+#                                       ^ appended now     ^ sampled next, under the mask
+
+def jump_forward_holdback(ids: list[int], num_head: int, tok: TokenizerInfo) -> tuple[int, bytes]:
+    """(cut, held bytes) for jump-forward's retokenized `ids`, whose first `num_head` are
+    the sampled token(s) being retokenized: ids[cut:] spell `held`, a byte string some
+    longer vocabulary token starts with (at most MAX_HEAL_TOKENS tokens, never into the
+    head, never starting inside a UTF-8 character). cut == len(ids) holds nothing back."""
+    index = PrefixIndex.of(tok)
+    cut, held = len(ids), b""
+    while cut > num_head and len(ids) - cut < MAX_HEAL_TOKENS:
+        t = ids[cut - 1]
+        b = tok.token_bytes[t] if 0 <= t < tok.vocab_size else None
+        if not b:
+            break
+        cand = b + held
+        if held and index.span(cand)[0] == index.span(cand)[1]:
+            break
+        cut, held = cut - 1, cand
+    if not held or _is_continuation(held[0]) or not index.any_extends(held):
+        return len(ids), b""
+    return cut, held
+
+
+def grammar_extends(grammar: Any, held: bytes, tok: TokenizerInfo) -> bool:
+    """Does `grammar`, at its current state, allow some token strictly longer than `held`
+    that starts with it? (If not, holding `held` back gains nothing: force it.) The mask
+    computed here is the one the next step needs, so backends that cache masks per state
+    pay for it once."""
+    longer = PrefixIndex.of(tok).longer_ids(held)
+    if not len(longer):
+        return False
+    row = torch.zeros(tok.vocab_size, dtype=torch.bool)
+    try:
+        grammar.fill_mask(row)
+    except (IndexError, RuntimeError, ValueError):  # a backend that wants the model's width: hold back
+        return True
+    return bool(row[longer].any())

@@ -46,8 +46,9 @@ def llg_tokenizer(tok: TokenizerInfo) -> Any:
     return got
 
 
-def llg_grammar(kind: str, spec: str) -> str:
-    """Our constraint kinds -> an llguidance grammar string."""
+def llg_grammar(kind: str, spec: str, json_whitespace: str | None = None) -> str:
+    """Our constraint kinds -> an llguidance grammar string. `json_whitespace` (JSON
+    Schema only): None llguidance's flexible default, "" compact, else a regex."""
     import llguidance
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
@@ -58,7 +59,10 @@ def llg_grammar(kind: str, spec: str) -> str:
 
         return llguidance.LLMatcher.grammar_from_regex(choices_to_regex(json.loads(spec)))
     if kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(spec)
+        if json_whitespace is None:
+            return llguidance.LLMatcher.grammar_from_json_schema(spec)
+        ws = {"whitespace_pattern": json_whitespace} if json_whitespace else {"whitespace_flexible": False}
+        return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=ws)
     try:
         lark_text = gbnf_to_lark(spec) if kind == "ebnf" else spec
     except Exception as e:  # noqa: BLE001 - its converter's errors are the user's grammar
@@ -69,12 +73,12 @@ def llg_grammar(kind: str, spec: str) -> str:
 class CompiledLLG:
     """A validated llguidance grammar for one vocabulary; matchers share it."""
 
-    def __init__(self, kind: str, spec: str, tok: TokenizerInfo) -> None:
+    def __init__(self, kind: str, spec: str, tok: TokenizerInfo, json_whitespace: str | None = None) -> None:
         import llguidance
 
         self.kind, self.tok = kind, tok
         self.lltok = llg_tokenizer(tok)
-        self.grammar = llg_grammar(kind, spec)
+        self.grammar = llg_grammar(kind, spec, json_whitespace)
         error = llguidance.LLMatcher.validate_grammar(self.grammar, self.lltok)
         if error and not error.startswith("WARNING"):
             raise GrammarError(f"{kind}: llguidance refused the grammar ({error[:300]})")

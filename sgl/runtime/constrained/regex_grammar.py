@@ -38,8 +38,10 @@ def choices_to_regex(choices: list[str]) -> str:
     return "(" + "|".join(escape_regex_literal(c) for c in uniq) + ")"
 
 
-def json_schema_to_regex(spec: str | dict[str, Any], whitespace: str | None = None) -> str:
-    """Our converter when present; outlines-core's otherwise."""
+def json_schema_to_regex(spec: str | dict[str, Any], whitespace: str | None = None,
+                        leading: bool = False) -> str:
+    """Our converter when present; outlines-core's otherwise. `whitespace`: a regex for
+    what may appear between JSON tokens (and before the value with `leading`)."""
     if isinstance(spec, str):
         try:
             schema = json.loads(spec)
@@ -53,10 +55,11 @@ def json_schema_to_regex(spec: str | dict[str, Any], whitespace: str | None = No
         schema_to_regex = None
     try:
         if schema_to_regex is not None:
-            return schema_to_regex(schema, whitespace=whitespace)
+            return schema_to_regex(schema, whitespace=whitespace, leading=leading)
         from outlines_core.json_schema import build_regex_from_schema
 
-        return build_regex_from_schema(json.dumps(schema), whitespace)
+        regex = build_regex_from_schema(json.dumps(schema), whitespace)
+        return f"(?:{whitespace})(?:{regex})" if leading and whitespace else regex
     except GrammarError:
         raise
     except Exception as e:  # converters raise assorted types for unsupported schemas

@@ -38,6 +38,11 @@ from .kinds import CONSTRAINT_KINDS as KINDS
 from .vocab import TokenizerInfo
 
 _INDEX_KINDS = ("regex", "json_schema", "choices")
+# Whitespace a JSON Schema constraint allows between JSON tokens and before the value on
+# our and the outlines backends (outlines' own default between tokens): the model spells
+# `{"answer": 8}` and, after a prompt ending in ":", ` {"`; compact JSON forces it off
+# its own tokens (README, "Structured output: boundary accuracy").
+DEFAULT_JSON_WHITESPACE = r"[ ]?"
 
 _memory: LRU[str, Any] = LRU(settings().grammar_cache_entries)
 
@@ -87,9 +92,25 @@ def grammar_backend() -> str:
     return _settings().grammar_backend
 
 
+def json_whitespace() -> str | None:
+    """The JSON whitespace setting: "" compact (constrained_json_disable_any_whitespace),
+    the constrained_json_whitespace_pattern regex, or None (the backend's default:
+    DEFAULT_JSON_WHITESPACE on ours and outlines, llguidance's and xgrammar's own)."""
+    s = _settings()
+    return "" if s.constrained_json_disable_any_whitespace else s.constrained_json_whitespace_pattern
+
+
+def _our_json_whitespace() -> str:
+    ws = json_whitespace()
+    return DEFAULT_JSON_WHITESPACE if ws is None else ws
+
+
 def _memory_key(kind: str, spec_s: str, tok: TokenizerInfo) -> str:
-    # The backends are part of the key so flipping a backend never serves another's tables.
+    # The backends are part of the key so flipping a backend never serves another's tables,
+    # and so is the JSON whitespace setting.
     tag = f"{kind}@{regex_backend()}" if kind in _INDEX_KINDS else kind
+    if kind == "json_schema":
+        tag += f"/ws={json_whitespace()!r}"
     return cache_key(f"{tag}/{grammar_backend()}", spec_s, tok.hash)
 
 
@@ -117,11 +138,11 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
     if backend == "llguidance":
         from .llg import CompiledLLG
 
-        return CompiledLLG(kind, spec, tok)
+        return CompiledLLG(kind, spec, tok, json_whitespace())
     if backend == "xgrammar":
         from .xgr import CompiledXGR
 
-        return CompiledXGR(kind, spec, tok)
+        return CompiledXGR(kind, spec, tok, json_whitespace() != "")
     if backend == "outlines" and kind not in _INDEX_KINDS:
         raise GrammarError(f"{kind}: the outlines grammar backend supports regex, json_schema and choices "
                            "only; use --grammar-backend ours (or llguidance, xgrammar) for CFGs")
@@ -133,7 +154,7 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         # and a changed converter must never be served an index built by the old one.
         disk = _disk() if use_disk else None
         if kind == "json_schema" and regex_backend() == "lazy":
-            machines = _schema_machines(spec)
+            machines = _schema_machines(spec, _our_json_whitespace())
             if machines.subs:  # recursion, free-form values or size: the pushdown backend
                 return _build_pushdown(machines, tok, kind, disk)
             return _build_lazy(machines.root, tok, kind, disk)
@@ -142,7 +163,7 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         elif kind == "choices":
             regex = choices_to_regex(json.loads(spec))
         else:
-            regex = json_schema_to_regex(spec)
+            regex = json_schema_to_regex(spec, _our_json_whitespace(), leading=True)
         if regex_backend() == "lazy":
             return _build_lazy(regex, tok, kind, disk)
         disk_key = cache_key("regex", regex, tok.hash)
@@ -210,12 +231,13 @@ def _cached_dfa(regex: str, kind: str, disk: DiskCache | None) -> Any:
     return dfa
 
 
-def _schema_machines(spec: str) -> Any:
-    """The json_schema converter in machine mode; GrammarError for anything it refuses."""
+def _schema_machines(spec: str, whitespace: str) -> Any:
+    """The json_schema converter in machine mode (`whitespace` between JSON tokens and
+    before the value); GrammarError for anything it refuses."""
     from .json_schema import schema_to_machines
 
     try:
-        return schema_to_machines(json.loads(spec))
+        return schema_to_machines(json.loads(spec), whitespace=whitespace, leading=True)
     except json.JSONDecodeError as e:
         raise GrammarError(f"json_schema: not valid JSON ({e})") from None
     except GrammarError:

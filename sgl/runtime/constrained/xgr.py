@@ -45,7 +45,7 @@ def xgr_compiler(tok: TokenizerInfo) -> Any:
 class CompiledXGR:
     """An xgrammar CompiledGrammar for one vocabulary; matchers share it."""
 
-    def __init__(self, kind: str, spec: str, tok: TokenizerInfo) -> None:
+    def __init__(self, kind: str, spec: str, tok: TokenizerInfo, any_whitespace: bool = True) -> None:
         self.kind, self.tok = kind, tok
         comp = xgr_compiler(tok)
         try:
@@ -56,7 +56,9 @@ class CompiledXGR:
 
                 self.compiled = comp.compile_regex(choices_to_regex(json.loads(spec)))
             elif kind == "json_schema":
-                self.compiled = comp.compile_json_schema(spec)
+                # Compact is compact: xgrammar's default fixed separators are json.dumps's ", " / ": ".
+                ws = {} if any_whitespace else {"any_whitespace": False, "separators": (",", ":")}
+                self.compiled = comp.compile_json_schema(spec, **ws)
             elif kind == "ebnf":
                 self.compiled = comp.compile_grammar(spec)
             else:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
+from sgl.runtime.constrained.healing import grammar_extends, jump_forward_holdback
 from sgl.runtime.constrained.healing import settle as settle_healing
 from sgl.runtime.constrained.healing import strip_healed
 from sgl.runtime.executor.plan import PlanRow, RowResult
@@ -19,10 +20,13 @@ from sgl.runtime.scheduler.req import Req, ReqOutput
 
 class OutputProcessor:
     def __init__(self, tokenizer: Any, eos_ids: set[int], enable_jump_forward: bool,
-                 detokenize_outputs: bool = True) -> None:
+                 detokenize_outputs: bool = True, vocab: Callable[[], Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.enable_jump_forward = enable_jump_forward
+        # The vocabulary as bytes (constrained/vocab.py TokenizerInfo), or None: then
+        # jump-forward forces its whole text, holding no tail back (healing.py).
+        self.vocab = vocab
         # False in a worker process: the API process decodes the ids it receives, so the
         # worker decodes only for stop strings (and sends the text when one matched).
         self.detokenize_outputs = detokenize_outputs
@@ -104,7 +108,10 @@ class OutputProcessor:
         """Append the string the grammar forces. After a sampled token, that token is
         retokenized together with the forced text so the model sees canonical tokens
         (the next step extends the KV over all of them in one forward pass); before any
-        output (a fresh grammar) the forced text alone is tokenized."""
+        output (a fresh grammar) the forced text alone is tokenized. A tail the model
+        could spell with a longer token the grammar allows (`"` of `{"answer"`, where
+        the model writes `":`) is held back for the model to sample under the mask
+        (healing.py's jump-forward boundary)."""
         g = req.grammar
         forced = g.jump_forward_string()
         if not forced:
@@ -130,6 +137,9 @@ class OutputProcessor:
             for t in head_ids:
                 g.accept_token(t)
             return
+        new_ids = self._hold_back(g, new_ids, len(head_ids))
+        if new_ids == head_ids:  # everything forced is held back: the grammar is where it was
+            return
         out[start:] = new_ids
         if req.return_logprob:  # forced tokens carry no sampled logprob
             req.output_logprobs[start:] = [(float("nan"), t) for t in new_ids]
@@ -139,6 +149,22 @@ class OutputProcessor:
             req.finish_reason = {"type": "stop", "matched": new_ids[-1]}
         elif len(out) >= req.params.max_new_tokens:
             req.finish_reason = {"type": "length", "length": req.params.max_new_tokens}
+
+    def _hold_back(self, g: Any, new_ids: list[int], num_head: int) -> list[int]:
+        """`new_ids` (all accepted by `g`) short of a tail the grammar lets a longer token
+        spell; `g` is rolled back to match."""
+        tok = self.vocab() if self.vocab is not None else None
+        if tok is None:
+            return new_ids
+        cut, held = jump_forward_holdback(new_ids, num_head, tok)
+        if cut == len(new_ids):
+            return new_ids
+        g.rollback(len(new_ids) - cut)
+        if grammar_extends(g, held, tok):
+            return new_ids[:cut]
+        for t in new_ids[cut:]:  # no allowed token is longer: forcing the tail loses nothing
+            g.accept_token(t)
+        return new_ids
 
     @staticmethod
     def record_prompt_logprobs(req: Req, row: PlanRow, res: RowResult) -> None:

@@ -51,6 +51,7 @@ class SchedulerConfig:
     chunked_prefill_size: int = 2048
     max_running_requests: int = 256
     enable_jump_forward: bool = True
+    jump_forward_healing: bool = True  # hold back a forced tail the model would extend (healing.py)
     random_seed: int = 0
     grammar_compile_timeout: float = 30.0
     check_invariants_when_idle: bool = False
@@ -82,7 +83,8 @@ class Scheduler:
         self.grammar_compiler = grammar_compiler
         self.device = device
         self.spec = speculator
-        self.out = OutputProcessor(tokenizer, self.eos_ids, cfg.enable_jump_forward, cfg.detokenize_outputs)
+        vocab = (lambda: getattr(self.grammar_compiler, "tok", None)) if cfg.jump_forward_healing else None
+        self.out = OutputProcessor(tokenizer, self.eos_ids, cfg.enable_jump_forward, cfg.detokenize_outputs, vocab)
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.waiting: list[Req] = []
         self.grammar_wait: list[Req] = []

@@ -203,6 +203,7 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
             chunked_prefill_size=cfg.chunked_prefill_size,
             max_running_requests=cfg.max_running_requests,
             enable_jump_forward=not cfg.disable_jump_forward,
+            jump_forward_healing=not cfg.disable_jump_forward_healing,
             enable_mixed_chunk=cfg.enable_mixed_chunk,
             random_seed=cfg.random_seed,
             grammar_compile_timeout=cfg.grammar_compile_timeout,

@@ -27,26 +27,27 @@ from .machines import Intersect, MachineSpec, Machines, sub_texts
 
 
 def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
-                    strict: bool = True) -> str:
+                    strict: bool = True, leading: bool = False) -> str:
     """Regex (Python `re` / Rust `regex` common dialect) for instances of `schema`.
 
-    `whitespace` is a regex for what may appear between JSON tokens (default: nothing).
-    `strict=False` drops unenforceable keywords with a `warnings.warn` instead of
-    raising `UnsupportedSchemaError`.
+    `whitespace` is a regex for what may appear between JSON tokens (default: nothing);
+    `leading=True` allows it before the value too (after a prompt ending in ":" a
+    model's next token is " {"). `strict=False` drops unenforceable keywords with a
+    `warnings.warn` instead of raising `UnsupportedSchemaError`.
     """
     schema, ws = _parse(schema, whitespace)
-    return _run(schema, Context(root=schema, ws=ws, strict=strict))
+    return _lead(_run(schema, Context(root=schema, ws=ws, strict=strict)), ws if leading else "")
 
 
 def schema_to_machines(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
-                       strict: bool = True) -> MachineSpec:
+                       strict: bool = True, leading: bool = False) -> MachineSpec:
     """Machine-mode conversion: the root regex and the sub-machine regexes it calls
     (`MachineSpec`). Same options and errors as `schema_to_regex`."""
     schema, ws = _parse(schema, whitespace)
     machines = Machines(ws)
     ctx = Context(root=schema, ws=ws, strict=strict, machines=machines)
     try:
-        root = _run(schema, ctx)
+        root = _lead(_run(schema, ctx), ws if leading else "")
     except OverflowError as e:
         raise UnsupportedSchemaError("schema", "/", str(e)) from None
     for sub in machines.regexes:
@@ -62,6 +63,10 @@ def _parse(schema: Any, whitespace: str | None) -> tuple[Any, str]:
         except json.JSONDecodeError as e:
             raise UnsupportedSchemaError("schema", "/", f"not valid JSON: {e}") from None
     return schema, "" if not whitespace else "(?:" + whitespace + ")"
+
+
+def _lead(root: str, ws: str) -> str:
+    return root if not ws else ws + "(?:" + root + ")"
 
 
 def _run(schema: Any, ctx: Context) -> str:
