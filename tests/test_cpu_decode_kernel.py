@@ -258,6 +258,46 @@ def test_logits_of_consecutive_steps_do_not_alias():
     assert torch.equal(first, kept) and not torch.equal(first, second)
 
 
+def test_a_batch_past_max_rows_runs_as_several_steps_with_the_same_bits():
+    """split on: 11 decode rows and a request's 3 drafts on a 4-row decoder run as four
+    kernel steps; logits and K/V are bit-identical to one 16-row step, and the request
+    whose drafts straddle two steps attends to the K/V the earlier step wrote. A longer
+    extend (prefill work) and split off stay on the torch forward."""
+    model = tiny_random_model(tiny_config(hidden_size=96, intermediate_size=192), dtype=torch.bfloat16, seed=3)
+    model.prepack()
+    lens = [3, 9, 27, 4, 15, 2, 33, 8, 5, 12, 7]
+    pool, attn, batch = _setup(model, lens)
+    r2t = batch.req_to_token
+    b = len(lens)
+    r2t[b, :6] = torch.arange(2000, 2006)  # a request with 5 cached tokens and 3 drafts on top
+    g = torch.Generator().manual_seed(5)
+    pre = ForwardBatch.build(torch.randint(3, 200, (3,), generator=g).tolist(), list(range(2000, 2003)), [b], [0], [3], r2t)
+    model(pre, attn)
+    ids = batch.input_ids.tolist() + [11, 12, 13]
+    locs = batch.out_cache_loc.tolist() + [2003, 2004, 2005]
+    mixed = ForwardBatch.build(ids, locs, list(range(b + 1)), [n - 1 for n in lens] + [3], [1] * b + [3], r2t)
+    loc = mixed.out_cache_loc
+    outs, kvs = [], []
+    for dec in (CpuDecoder(model, binding.kernels(), 2, 16), CpuDecoder(model, binding.kernels(), 2, 4)):
+        dec.split = dec.max_rows == 4
+        assert dec.supports(mixed, pool)
+        for i in range(len(model.layers)):
+            pool.k_buffers[i][loc] = 0
+            pool.v_buffers[i][loc] = 0
+        outs.append(dec.forward(mixed, pool).clone())
+        kvs.append([(pool.k_buffers[i][loc].clone(), pool.v_buffers[i][loc].clone()) for i in range(len(model.layers))])
+        assert dec.steps == 1
+    assert outs[0].shape == (b + 1, model.config.vocab_size)
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(k0, k1) and torch.equal(v0, v1) for (k0, v0), (k1, v1) in zip(kvs[0], kvs[1]))
+    split = CpuDecoder(model, binding.kernels(), 2, 4)
+    split.split = True
+    long_extend = ForwardBatch.build(list(range(20, 29)), list(range(2100, 2109)), [0], [2], [9], r2t)
+    assert not split.supports(long_extend, pool)
+    split.split = False
+    assert not split.supports(mixed, pool)
+
+
 def test_kernel_handles_eight_rows():
     """The kernel's shared-weight-load path covers up to 8 rows, past what the engine routes."""
     model = tiny_random_model(tiny_config(hidden_size=96, intermediate_size=192), dtype=torch.bfloat16, seed=2)

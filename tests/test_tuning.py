@@ -191,3 +191,16 @@ def test_engine_on_fp32_linears_is_coherent_and_batch_independent(fp32_engine):
     assert batch[5]["output_ids"] == alone["output_ids"]  # prefill and decode rows batched with 11 others
     if c_step and eng.get_server_info()["dtype"] == "bfloat16":
         assert eng.get_server_info()["cpu_decode_steps"] > steps_before  # 12-row steps ran on the C step
+
+
+def test_big_decode_batches_split_into_c_steps_only_where_the_c_step_won_every_count():
+    from sgl.runtime.tuning.choice import PathChoice
+
+    def choice(timings: dict[str, float]) -> PathChoice:
+        return PathChoice("torch", "fp32", 2, 32, {"decode_max_rows": "measured"}, {"decode_max_rows": timings})
+
+    assert choice({"c@16": 120.0, "torch@16": 470.0, "c@32": 210.0, "torch@32": 570.0}).decode_split
+    # torch won at 32 (the rows stop at 16): big batches stay on torch
+    assert not choice({"c@16": 120.0, "torch@16": 470.0, "c@32": 210.0, "torch@32": 150.0}).decode_split
+    assert not choice({}).decode_split  # not measured (flag, single candidate): as before
+    assert choice({"c@16": 1.0, "torch@16": 2.0}).info()["decode_split"] is True

@@ -30,6 +30,8 @@ class ModelRunner:
         # The C step reads the pool in the torch backend's layout (the cpu backend's too).
         use = use_cpu_decode_kernel and isinstance(attn, TorchAttentionBackend)
         self.cpu_decoder = CpuDecoder.create(model, cpu_decode_threads, cpu_decode_max_rows) if use else None
+        if self.cpu_decoder is not None:
+            self.cpu_decoder.split = bool(paths is not None and paths.decode_split)
         self.paths = paths  # tuning/choice.PathChoice this runner was built from (server info), or None
 
     @torch.inference_mode()

@@ -25,10 +25,20 @@ class PathChoice:
     sources: dict[str, str] = field(default_factory=dict)  # item -> one of SOURCES
     timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # item -> candidate -> median ms
 
+    @property
+    def decode_split(self) -> bool:
+        """Whether a decode batch of more than decode_max_rows runs as several C steps:
+        only where the C step was timed against the torch forward and won at every count
+        (elsewhere, e.g. a host whose bf16 GEMMs have hardware, big batches stay on torch)."""
+        t = self.timings_ms.get("decode_max_rows") or {}
+        counts = [k[2:] for k in t if k.startswith("c@")]
+        return bool(counts) and all(f"torch@{n}" in t and t[f"torch@{n}"] > t[f"c@{n}"] for n in counts)
+
     def info(self) -> dict[str, Any]:
         """The choice as plain JSON-able data (server info, logs)."""
         return {"attention_backend": self.attention_backend, "linear": self.linear,
                 "decode_threads": self.decode_threads, "decode_max_rows": self.decode_max_rows,
+                "decode_split": self.decode_split,
                 "sources": dict(self.sources), "timings_ms": {k: dict(v) for k, v in self.timings_ms.items()}}
 
     def describe(self) -> str:

@@ -24,6 +24,9 @@ from sgl.runtime.kernels.cpu.binding import DecodeBatch, DecodeModel, Kernels, S
 # oneDNN's GEMMs win where bf16 GEMMs have hardware. The default: runtime/tuning measures
 # the limit per host (`max_rows`), up to what the build allows (`row_limit`).
 MAX_ROWS = 8
+# Most new tokens one request may bring to a batch that is split into several steps: a
+# decode token, speculative drafts; longer extends are prefill work (CpuDecoder.supports).
+SPLIT_EXTEND = 8
 # The AVX2 step sums every row alike whatever the batch (groups of 3 rows); the
 # AVX512-BF16 one only up to 8 rows (its register tile), the plain-C one alike but slowly.
 AVX2_ROW_LIMIT = 64
@@ -81,6 +84,10 @@ class CpuDecoder:
         self._fws = torch.empty(0, dtype=torch.float32)
         self._max_len = 0
         self.steps = 0  # decode steps run here (tests and stats read it)
+        # Run a decode-like batch of more than max_rows tokens as several steps of at most
+        # max_rows (ModelRunner sets it from the calibration: off where the torch forward
+        # beat this step at some larger count).
+        self.split = False
 
     @classmethod
     def create(cls, model: Any, threads: int | None = None, max_rows: int = MAX_ROWS) -> "CpuDecoder | None":
@@ -99,12 +106,15 @@ class CpuDecoder:
         return cls(model, kernels, threads or default_threads(), max_rows) if kernels is not None else None
 
     def supports(self, batch: ForwardBatch, pool: Any) -> bool:
-        """Whether this step can run here: 1..max_rows new tokens on a bf16 pool, each
-        request extending a non-empty prefix (a decode step; or a few tokens per request:
-        speculative drafts, a jump-forward run)."""
-        return (pool is not None and pool.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
-                and batch.req_to_token.dtype == torch.int64 and 0 < batch.num_tokens <= self.max_rows
-                and all(p > 0 for p in batch.prefix_lens_cpu))
+        """Whether this step can run here: new tokens on a bf16 pool, each request
+        extending a non-empty prefix (a decode step; or a few tokens per request:
+        speculative drafts, a jump-forward run), at most max_rows of them, or more when
+        `split` is on and no request brings more than SPLIT_EXTEND tokens (a longer extend
+        is prefill-like work, where the torch forward's GEMMs cost less per token)."""
+        n = batch.num_tokens
+        fits = 0 < n <= self.max_rows or (n > 0 and self.split and max(batch.extend_lens_cpu) <= SPLIT_EXTEND)
+        return (fits and pool is not None and pool.dtype == torch.bfloat16 and batch.input_ids.device.type == "cpu"
+                and batch.req_to_token.dtype == torch.int64 and all(p > 0 for p in batch.prefix_lens_cpu))
 
     @property
     def quantization(self) -> str:
@@ -194,18 +204,32 @@ class CpuDecoder:
         return logits.index_select(0, want)
 
     def _run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits of every new token, in order."""
+        """Logits of every new token, in order: one kernel step, or several of at most
+        max_rows tokens each in order (each row's result does not depend on the rows it
+        runs with, and a later step's rows attend to K/V the earlier ones wrote)."""
         b = batch.num_tokens
-        ws, logits = self._workspace(b)
-        r2t = batch.req_to_token
         ids, pos, loc = batch.input_ids.contiguous(), batch.positions.contiguous(), batch.out_cache_loc.contiguous()
         rows, lens = self._token_rows(batch)
-        step = DecodeBatch(rows=b, input_ids=_ptr(ids), positions=_ptr(pos), out_loc=_ptr(loc), req_rows=_ptr(rows),
-                           seq_lens=_ptr(lens), req_to_token=_ptr(r2t), r2t_stride=r2t.stride(0),
-                           max_len=self._max_len, ws=_ptr(ws), fws=_ptr(self._fws), logits=_ptr(logits),
-                           threads=self.threads)
+        self.steps += 1
+        if b <= self.max_rows:
+            ws, logits = self._workspace(b)
+            self._step(batch, ids, pos, loc, rows, lens, ws, logits)
+            return logits
+        ws, _ = self._workspace(self.max_rows)
+        logits = torch.empty(b, self.params.vocab, dtype=torch.float32)
+        for lo in range(0, b, self.max_rows):
+            hi = min(b, lo + self.max_rows)
+            self._step(batch, ids[lo:hi], pos[lo:hi], loc[lo:hi], rows[lo:hi], lens[lo:hi], ws, logits[lo:hi])
+        return logits
+
+    def _step(self, batch: ForwardBatch, ids: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor,
+              rows: torch.Tensor, lens: torch.Tensor, ws: torch.Tensor, logits: torch.Tensor) -> None:
+        """One kernel call over len(ids) <= max_rows token rows (contiguous views)."""
+        r2t = batch.req_to_token
+        step = DecodeBatch(rows=int(ids.shape[0]), input_ids=_ptr(ids), positions=_ptr(pos), out_loc=_ptr(loc),
+                           req_rows=_ptr(rows), seq_lens=_ptr(lens), req_to_token=_ptr(r2t),
+                           r2t_stride=r2t.stride(0), max_len=self._max_len, ws=_ptr(ws), fws=_ptr(self._fws),
+                           logits=_ptr(logits), threads=self.threads)
         rc = self.kernels.decode_step(self.params, step)
         if rc != Status.OK:
             raise RuntimeError(f"CPU decode kernel: {rc.message}")
-        self.steps += 1
-        return logits
