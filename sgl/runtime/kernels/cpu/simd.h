@@ -143,3 +143,28 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_blendv_ps(p, _mm256_set1_ps(INFINITY), over);
 }
 #endif
+
+/* ---- dot products of bf16 vectors, fp32 accumulation ------------------------------ */
+#ifdef SGL_BF16_SIMD
+static inline __m512 dot_acc(__m512 acc, const bf16 *w, const bf16 *x, int n) {
+    int k = 0;
+    for (; k + 32 <= n; k += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
+    if (k < n) {
+        __mmask32 m = (__mmask32)((1ull << (n - k)) - 1);
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k),
+                               (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
+    }
+    return acc;
+}
+#endif
+
+static inline float dot(const bf16 *w, const bf16 *x, int n) {
+#ifdef SGL_BF16_SIMD
+    return _mm512_reduce_add_ps(dot_acc(_mm512_setzero_ps(), w, x, n));
+#else
+    float s = 0.f;
+    for (int k = 0; k < n; k++) s += bf2f(w[k]) * bf2f(x[k]);
+    return s;
+#endif
+}
