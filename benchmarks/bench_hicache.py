@@ -19,7 +19,7 @@ Then the cost of 1,024 tokens of KV from each tier vs recomputing them (ms): rec
 latency of a fresh 1,024-token prompt minus that of the same prompt fully cached (radix
 server, 1 new token); host = the host -> device copy (HostKVPool.load); file / redis =
 read + verify + fill of the 64 pages from the backend, plus the host -> device copy. The
-copies use the server's KV dtype and bytes per token.
+copies use the served model's KV layout and dtype.
 
 Run: .venv/bin/python benchmarks/bench_hicache.py [--quick] [--configs radix,host,file,redis]
 Writes benchmarks/results/bench_hicache[.quick].json.
@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -65,7 +66,7 @@ def workload(args: argparse.Namespace) -> list[list[int]]:
 def server_args(name: str, args: argparse.Namespace, tmp: str, redis_url: str | None) -> list[str]:
     base = ["--max-total-tokens", str(args.max_total_tokens), "--page-size", str(PAGE), "--dtype", args.dtype,
             "--no-access-log",
-            "--log-level", "warning"]
+            "--log-level", "warning", *shlex.split(args.server_args)]
     if name == "radix":
         return base
     hi = base + ["--enable-hierarchical-cache", "--hicache-write-policy", args.write_policy]
@@ -158,22 +159,19 @@ def recompute_ms(url: str, reps: int, n: int) -> float:
 
 
 def tier_load_ms(info: dict[str, Any], tmp: str, redis_url: str | None, reps: int) -> dict[str, float]:
-    """ms to bring LOAD_TOKENS tokens of KV to the device pool from each tier (see the docstring).
-    The copies use a layout of the server's bytes per token (1 KV head of 64, as many layers as
-    that takes), not the model's exact head count."""
+    """ms to bring LOAD_TOKENS tokens of KV to the device pool from each tier (see the docstring),
+    in the served model's layout (layers, KV heads of one rank, head size) and KV dtype."""
     import torch
 
     from sgl.runtime.memory.host_pool import HostKVPool
     from sgl.runtime.memory.kv_pool import KVPool
     from sgl.runtime.memory.storage import PageStore, make_backend, page_key
+    from sgl.runtime.models.loader import read_model_config, resolve_model_dir
 
     dtype = getattr(torch, str(info.get("dtype", "bfloat16")).replace("torch.", ""))
-    def first(v: Any) -> float:  # per-rank lists
-        return float(v[0] if isinstance(v, list) else v)
-
-    per_token = first(info["kv_pool_bytes_per_rank"]) / max(first(info["kv_pool_tokens_per_rank"]), 1.0)
-    heads, dim = 1, 64
-    layers = max(1, int(round(per_token / (2 * heads * dim * torch.tensor([], dtype=dtype).element_size()))))
+    mc = read_model_config(resolve_model_dir(None)[0])  # the benchmark serves the default model
+    layers, heads, dim = mc.num_layers, mc.num_kv_heads, mc.head_dim
+    torch.set_num_threads(min(2, os.cpu_count() or 1))  # as a worker of this host runs its copies
     n_pages = LOAD_TOKENS // PAGE
     pool = KVPool(LOAD_TOKENS * 2, layers, heads, dim, dtype)
     host = HostKVPool(n_pages, PAGE, layers, heads, dim, dtype)
@@ -226,6 +224,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--write-policy", default="write_through")
     p.add_argument("--prefetch-policy", default="timeout")
     p.add_argument("--configs", default="radix,host,file,redis")
+    p.add_argument("--server-args", default="", help="extra sgl.launch_server flags for every configuration")
     p.add_argument("--reps", type=int, default=5, help="repetitions of the 1k-token cost measurements")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: 6 docs x 400 tokens, 2 questions, 1 rep")

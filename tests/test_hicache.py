@@ -132,12 +132,14 @@ def test_host_pages_lru_pins_and_invariants() -> None:
     h.check_invariants()
 
 
-def test_host_pool_copies_roundtrip() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c-copy", "torch"])
+def test_host_pool_copies_roundtrip(native: bool) -> None:
     pool = KVPool(64, 3, 2, 4, torch.bfloat16)
     for layer in range(3):
         pool.k_buffers[layer].copy_(torch.randn(64, 2, 4))
         pool.v_buffers[layer].copy_(torch.randn(64, 2, 4))
     host = HostKVPool(5, 4, 3, 2, 4, torch.bfloat16)
+    host.use_native = native
     run_copies(host, pool, [(2, [5, 9, 11, 3]), (0, [1, 2, 7, 8])], [])
     ref_k = [k.clone() for k in pool.k_buffers]
     ref_v = [v.clone() for v in pool.v_buffers]
@@ -147,8 +149,48 @@ def test_host_pool_copies_roundtrip() -> None:
         assert torch.equal(pool.v_buffers[layer][[30, 31, 32, 33]], ref_v[layer][[1, 2, 7, 8]])
     blob = host.read(2)
     assert len(blob) == host.page_nbytes
-    host.fill(4, blob)
+    host.fill(4, memoryview(blob))
     assert torch.equal(host.buf[4], host.buf[2])
+    with pytest.raises(ValueError, match="holds"):
+        host.fill(1, blob[:-2])
+
+
+def test_c_row_copy_matches_torch_indexing() -> None:
+    """The C copy (kernels/cpu/kv_copy.c) against torch's indexing path, byte for byte:
+    scattered and consecutive slots (merged into runs), partial pages, a store and a load
+    in one plan reading the same slots, and float32 rows of another width."""
+    from sgl.runtime.kernels.cpu.binding import kernels
+
+    if kernels() is None:
+        pytest.skip("no C compiler: the torch path is the only one")
+    rng = random.Random(3)
+    for dtype, heads, dim in ((torch.bfloat16, 3, 64), (torch.float32, 1, 12)):
+        pools, hosts = [], []
+        for native in (True, False):
+            torch.manual_seed(0)
+            pool = KVPool(200, 4, heads, dim, dtype)
+            for t in (*pool.k_buffers, *pool.v_buffers):
+                t.copy_(torch.randn(t.shape))
+            host = HostKVPool(12, 8, 4, heads, dim, dtype)
+            host.use_native = native
+            pools.append(pool)
+            hosts.append(host)
+        free = list(range(1, 200))
+        rng.shuffle(free)
+        stores = [(0, free[:8]), (3, list(range(40, 48))), (7, free[8:16])]
+        loads = [(3, 2, free[20:26]), (0, 0, list(range(100, 108))), (7, 5, [150, 151, 9])]
+        for host, pool in zip(hosts, pools, strict=True):
+            run_copies(host, pool, stores, loads)
+        assert torch.equal(hosts[0].buf, hosts[1].buf)
+        for a, b in zip(pools[0].k_buffers + pools[0].v_buffers, pools[1].k_buffers + pools[1].v_buffers,
+                        strict=True):
+            assert torch.equal(a, b)
+        # the copied rows are the stored ones: page 3 position 2.. came from slots 42..47
+        assert torch.equal(pools[0].v_buffers[2][free[20:26]], pools[1].v_buffers[2][list(range(42, 48))])
+        with pytest.raises(IndexError, match="out of range"):
+            hosts[0].load(pools[0], [(12, 0, [1])])
+        with pytest.raises(IndexError, match="out of range"):
+            hosts[0].store(pools[0], [(0, [200])])
 
 
 def test_kv_events_follow_the_device_tree_through_demotion_and_promotion() -> None:

@@ -223,7 +223,7 @@ def test_file_disk_full_mid_use_answers_false_and_keeps_serving(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (200, resource.RLIM_INFINITY))
         out["big"] = store.set(keys[1:3], [b"b" * 1000, b"c" * 1000])
         out["after"] = store.set(keys[3:4], [b"d" * 10])
-        out["read"] = [p.decode() if p else None for p in store.get(keys)]
+        out["read"] = [bytes(p).decode() if p else None for p in store.get(keys)]
         out["stats"] = store.stats()
         print(json.dumps(out))
     """)

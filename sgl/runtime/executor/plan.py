@@ -87,7 +87,7 @@ class StepPlan:
     # storage tier into host memory (rank 0 only; storage is off with tensor parallelism).
     kv_stores: list[tuple[int, list[int]]] = field(default_factory=list)
     kv_loads: list[tuple[int, int, list[int]]] = field(default_factory=list)
-    kv_fills: list[tuple[int, bytes]] = field(default_factory=list)
+    kv_fills: list[tuple[int, bytes | memoryview]] = field(default_factory=list)
 
 
 class FatalExecutorError(RuntimeError):

@@ -16,8 +16,10 @@ order matters; the forward then writes only fresh slots.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from sgl.runtime.memory.kv_pool import KVPool
@@ -34,6 +36,7 @@ class HostKVPool:
         self.buf = torch.zeros((num_pages, num_layers, 2, page_size, num_kv_heads, head_dim), dtype=dtype,
                                pin_memory=pin_memory)
         self.page_nbytes = self.buf[0].numel() * self.buf.element_size()
+        self.use_native = True  # the C row copy where it applies (_native); False: torch's indexing
 
     @staticmethod
     def pages_for(num_bytes: float, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -45,6 +48,11 @@ class HostKVPool:
         """Device slots -> host pages, all layers of a page at once."""
         if not stores:
             return
+        if self._native(pool):
+            pages = [p for p, slots in stores for _ in slots]
+            pos = [i for _, slots in stores for i in range(len(slots))]
+            self._native_copy(pool, True, pages, pos, [s for _, slots in stores for s in slots])
+            return
         dev = pool.k_buffers[0].device
         slots = torch.tensor([s for _, s in stores], dtype=torch.int64, device=dev)  # [n, page_size]
         pages = torch.tensor([p for p, _ in stores], dtype=torch.int64)
@@ -55,8 +63,6 @@ class HostKVPool:
         """Host pages (or the tail of one, from a token offset) -> fresh device slots."""
         if not loads:
             return
-        dev = pool.k_buffers[0].device
-        pages = torch.tensor([p for p, _, _ in loads], dtype=torch.int64)
         rows: list[int] = []
         pos: list[int] = []
         dst: list[int] = []
@@ -64,6 +70,11 @@ class HostKVPool:
             rows.extend([i] * len(slots))
             pos.extend(range(first, first + len(slots)))
             dst.extend(slots)
+        if self._native(pool):
+            self._native_copy(pool, False, [loads[i][0] for i in rows], pos, dst)
+            return
+        dev = pool.k_buffers[0].device
+        pages = torch.tensor([p for p, _, _ in loads], dtype=torch.int64)
         if dev.type == "cpu":  # same memory: gather straight from the host buffer, no staging copy
             data = self.buf
             r = pages[torch.tensor(rows, dtype=torch.int64)]
@@ -76,10 +87,44 @@ class HostKVPool:
             k[d] = data[r, layer, 0, p]
             v[d] = data[r, layer, 1, p]
 
-    def fill(self, page: int, blob: bytes) -> None:
-        """One page from its bytes (a storage hit); the size is checked by the caller's codec."""
-        src = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        self.buf[page].view(-1).view(torch.uint8).copy_(src)
+    def _native(self, pool: KVPool) -> bool:
+        """Whether the C row copy (kernels/cpu/kv_copy.c) serves this pool: a CPU pool of
+        contiguous tensors in the host tier's dtype and row shape, and a built library."""
+        if not self.use_native or pool.k_buffers[0].device.type != "cpu" or pool.dtype != self.buf.dtype:
+            return False
+        if tuple(pool.k_buffers[0].shape[1:]) != tuple(self.buf.shape[4:]) or len(pool.k_buffers) != self.buf.shape[1]:
+            return False
+        if not all(t.is_contiguous() for t in (*pool.k_buffers, *pool.v_buffers)):
+            return False
+        from sgl.runtime.kernels.cpu.binding import kernels
+
+        return kernels() is not None
+
+    def _native_copy(self, pool: KVPool, to_host: bool, pages: list[int], pos: list[int], slots: list[int]) -> None:
+        from sgl.runtime.kernels.cpu.binding import KVCopy, kernels
+
+        idx = torch.tensor([pages, pos, slots], dtype=torch.int64)
+        # The C side trusts its indices: a bad one must be an error here, not a stray write.
+        lo, hi = idx.min(dim=1).values.tolist(), idx.max(dim=1).values.tolist()
+        if min(lo) < 0 or hi[0] >= self.num_pages or hi[1] >= self.page_size or hi[2] >= pool.num_slots:
+            raise IndexError(f"KV copy out of range: pages {lo[0]}..{hi[0]} of {self.num_pages}, "
+                             f"positions {lo[1]}..{hi[1]} of {self.page_size}, slots {lo[2]}..{hi[2]} of "
+                             f"{pool.num_slots}")
+        k_ptrs = torch.tensor([t.data_ptr() for t in pool.k_buffers], dtype=torch.int64)
+        v_ptrs = torch.tensor([t.data_ptr() for t in pool.v_buffers], dtype=torch.int64)
+        row_bytes = pool.k_buffers[0][0].numel() * pool.k_buffers[0].element_size()
+        ks = kernels()
+        assert ks is not None
+        ks.kv_copy(KVCopy(int(to_host), self.buf.data_ptr(), k_ptrs.data_ptr(), v_ptrs.data_ptr(), len(pool.k_buffers),
+                          self.page_size, row_bytes, len(slots), idx[0].data_ptr(), idx[1].data_ptr(),
+                          idx[2].data_ptr(), min(2, torch.get_num_threads())))
+
+    def fill(self, page: int, blob: bytes | memoryview) -> None:
+        """One page from its bytes (a storage hit), copied once."""
+        src = np.frombuffer(blob, dtype=np.uint8)  # read-only views too, without a copy
+        if src.nbytes != self.page_nbytes:
+            raise ValueError(f"a host page holds {self.page_nbytes} bytes, got {src.nbytes}")
+        ctypes.memmove(self.buf[page].data_ptr(), src.ctypes.data, src.nbytes)
 
     def read(self, page: int) -> bytes:
         """One page's bytes (for the storage tier)."""

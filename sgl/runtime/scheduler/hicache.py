@@ -73,7 +73,7 @@ class HiCache:
         # copies decided since the last plan (taken into it by `take_copies`)
         self.stores: list[tuple[int, list[int]]] = []
         self.loads: list[tuple[int, int, list[int]]] = []
-        self.fills: list[tuple[int, bytes]] = []
+        self.fills: list[tuple[int, bytes | memoryview]] = []
         self.stored_hashes: list[tuple[int, int]] = []  # (host page, hash) of this plan's stores
         # request uid -> hashes of the pages its lookups brought up from storage: a request
         # that waits for pool room after its fills finds them in host next time; they still
@@ -217,7 +217,7 @@ class HiCache:
 
     # -- plans ----------------------------------------------------------------------------
     def take_copies(self) -> tuple[list[tuple[int, list[int]]], list[tuple[int, int, list[int]]],
-                                   list[tuple[int, bytes]], list[tuple[int, int]]]:
+                                   list[tuple[int, bytes | memoryview]], list[tuple[int, int]]]:
         """(stores, loads, fills, stored (page, hash)) for the next plan; unpins: once the
         plan runs, nothing pending reads or writes a host page any more."""
         out = (self.stores, self.loads, self.fills, self.stored_hashes)

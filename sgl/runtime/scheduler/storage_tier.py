@@ -36,7 +36,7 @@ class Prefetch:
     start: int  # first page index looked up
     keys: list[str]
     started_at: float = field(default_factory=time.monotonic)
-    pages: list[bytes] = field(default_factory=list)  # verified payloads, in order, as they arrive
+    pages: list[memoryview] = field(default_factory=list)  # verified payloads, in order, as they arrive
     done: bool = False
     cancelled: bool = False
 
@@ -98,7 +98,7 @@ class StorageTier:
             return False
         return self.policy == "wait_complete" or time.monotonic() - p.started_at < self.timeout
 
-    def take(self, uid: int, from_page: int) -> list[bytes]:
+    def take(self, uid: int, from_page: int) -> list[memoryview]:
         """Pages from index `from_page` on that have arrived for request `uid` (once)."""
         p = self._prefetches.pop(uid, None)
         if p is None:
@@ -167,7 +167,7 @@ class StorageTier:
             if p.cancelled:
                 return
             got = self.store.get_prefix(p.keys[lo : min(n, lo + GET_BATCH)])
-            good: list[bytes] = []
+            good: list[memoryview] = []
             for g in got:
                 if len(g) != self.page_nbytes:  # a page of another layout is a miss
                     break

@@ -86,6 +86,13 @@ class RopeParams(ctypes.Structure):
                 ("sin_t", _p), ("positions", _p), ("max_pos", _i64), ("threads", _i)]
 
 
+class KVCopy(ctypes.Structure):
+    """sgl_kv_copy: token rows between the KV pool and the host tier's pages."""
+
+    _fields_ = [("to_host", _i), ("host", _p), ("k_pool", _p), ("v_pool", _p), ("n_layers", _i),
+                ("page_size", _i), ("row_bytes", _i64), ("n", _i64), ("pages", _p), ("pos", _p), ("slots", _p), ("threads", _i)]
+
+
 _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sgl_decode_fields": (_i, []),
     "sgl_decode_simd": (_i, []),
@@ -104,6 +111,7 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sgl_ops_add_rmsnorm": (None, [_p, _p, _p, _p, _i, _i, _f, _i]),
     "sgl_ops_rope": (_i, [ctypes.POINTER(RopeParams)]),
     "sgl_ops_silu_mul": (None, [_p, _p, _i, _i, _i]),
+    "sgl_kv_copy_run": (None, [ctypes.POINTER(KVCopy)]),
 }
 
 
@@ -175,6 +183,10 @@ class Kernels:
 
     def silu_mul(self, gu: int, out: int, rows: int, n: int, threads: int) -> None:
         self.lib.sgl_ops_silu_mul(gu, out, rows, n, threads)
+
+    # ---- KV tier copies
+    def kv_copy(self, c: KVCopy) -> None:
+        self.lib.sgl_kv_copy_run(ctypes.byref(c))
 
 
 _bound: dict[str, Kernels | None] = {}

@@ -68,6 +68,10 @@ static inline void prefetch_row(const bf16 *p, int d) {
 }
 #endif
 
+#if defined(SGL_BF16_SIMD) && !defined(KV_AHEAD)
+#define KV_AHEAD 16 /* as above: the slot table hides the stride from the prefetcher */
+#endif
+
 #define KEY_HEADS 4 /* query heads scored per pass over the keys */
 
 /* scores[r * ss + j] = scale * (q_r . K[slots[j], g]) for the G (<= KEY_HEADS) query
@@ -108,6 +112,10 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const int64_t *slots
 #if defined(SGL_BF16_SIMD)
         __m512 part[16];
         for (; j + 16 <= len; j += 16) {
+            if (r == 0) /* the first head's pass brings the rows in; the others find them in L2 */
+                for (int jj = 0; jj < 16 && j + jj + KV_AHEAD < len; jj++)
+                    for (int b = 0; b < d * (int)sizeof(bf16); b += 64)
+                        _mm_prefetch((const char *)(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d) + b, _MM_HINT_T0);
             for (int jj = 0; jj < 16; jj++)
                 part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, qr, d);
             _mm512_storeu_ps(sr + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));

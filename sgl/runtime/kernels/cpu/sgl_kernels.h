@@ -114,3 +114,21 @@ typedef struct {
 
 sgl_status sgl_ops_rope(const sgl_rope_params *p);
 void sgl_ops_silu_mul(const uint16_t *gu, uint16_t *out, int rows, int n, int threads);
+
+/* ---- KV rows between the pool and the host tier (kv_copy.c) ----------------------------- */
+
+/* `n` token rows: token i is row pos[i] of host page pages[i] and pool slot slots[i]. The
+ * host buffer is pages of [n_layers][2 (K, V)][page_size][row_bytes]; the pool is one K
+ * and one V tensor per layer, row_bytes per slot. Indices are trusted (checked by the
+ * caller). */
+typedef struct {
+    int to_host;                  /* 1: pool -> host (store); 0: host -> pool (load) */
+    char *host;
+    void *const *k_pool, *const *v_pool; /* [n_layers] */
+    int n_layers, page_size;
+    int64_t row_bytes, n;
+    const int64_t *pages, *pos, *slots; /* [n] */
+    int threads;                        /* 1, or 2 with team.c's helper */
+} sgl_kv_copy;
+
+void sgl_kv_copy_run(const sgl_kv_copy *c);

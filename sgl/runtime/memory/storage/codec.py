@@ -51,8 +51,9 @@ def encode_page(payload: bytes | bytearray | memoryview) -> bytes:
     return _HEADER.pack(MAGIC, VERSION, 0, 0, view.nbytes, zlib.crc32(view)) + view.tobytes()
 
 
-def decode_page(blob: bytes | bytearray | memoryview | None) -> bytes | None:
-    """The payload of a framed page, or None if it is missing, truncated, padded or corrupt."""
+def decode_page(blob: bytes | bytearray | memoryview | None) -> memoryview | None:
+    """The payload of a framed page (a view into `blob`: pages are ~0.4 MB, and copying
+    one cost as much as reading it), or None if it is missing, truncated, padded or corrupt."""
     if blob is None:
         return None
     view = memoryview(blob).cast("B")
@@ -64,7 +65,7 @@ def decode_page(blob: bytes | bytearray | memoryview | None) -> bytes | None:
     payload = view[HEADER_SIZE:]
     if zlib.crc32(payload) != crc:
         return None
-    return payload.tobytes()
+    return payload
 
 
 def _slug(text: str, limit: int = 40) -> str:

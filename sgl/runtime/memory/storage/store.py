@@ -29,7 +29,7 @@ class PageStore:
         """How many of `keys`, from the first, the backend holds (checksums not read)."""
         return self.backend.exists(keys) if keys else 0
 
-    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+    def get(self, keys: Sequence[str]) -> list[memoryview | None]:
         """Verified payloads; None where missing, unreadable or corrupt (corrupt ones deleted)."""
         if not keys:
             return []
@@ -44,9 +44,9 @@ class PageStore:
             self.backend.delete(bad)
         return out
 
-    def get_prefix(self, keys: Sequence[str]) -> list[bytes]:
+    def get_prefix(self, keys: Sequence[str]) -> list[memoryview]:
         """Verified payloads of the longest run of `keys` from the first that all load."""
-        out: list[bytes] = []
+        out: list[memoryview] = []
         for page in self.get(keys):
             if page is None:
                 break
