@@ -59,9 +59,9 @@ def test_codec_rejects_corruption_and_truncation():
 def test_namespace_is_stable_and_separates_layouts():
     ns = namespace_for("HuggingFaceTB/SmolLM2-135M-Instruct", "torch.bfloat16", 16, 2, 1)
     assert ns == namespace_for("HuggingFaceTB/SmolLM2-135M-Instruct", "bfloat16", 16, 2, 1)
-    assert ns.startswith("kv1.smollm2-135m-instruct.") and ns.endswith(".bfloat16.p16.tp1of2")
+    assert ns.startswith("kv2.smollm2-135m-instruct.") and ns.endswith(".bfloat16.p16.tp1of2")
     # pinned: the format is a persistent contract (pages on disk / in Redis outlive a process)
-    assert ns == "kv1.smollm2-135m-instruct." + __import__("hashlib").blake2b(
+    assert ns == "kv2.smollm2-135m-instruct." + __import__("hashlib").blake2b(
         b"HuggingFaceTB/SmolLM2-135M-Instruct", digest_size=6).hexdigest() + ".bfloat16.p16.tp1of2"
     variants = {
         namespace_for("HuggingFaceTB/SmolLM2-135M-Instruct", "bfloat16", 16, 2, 1),

@@ -127,8 +127,13 @@ class HostKVPool:
         ctypes.memmove(self.buf[page].data_ptr(), src.ctypes.data, src.nbytes)
 
     def read(self, page: int) -> bytes:
-        """One page's bytes (for the storage tier)."""
-        return self.buf[page].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        """A copy of one page's bytes."""
+        return self.view(page).tobytes()
+
+    def view(self, page: int) -> memoryview:
+        """One page's bytes in place (the storage tier frames them): valid until the page
+        is written again."""
+        return memoryview(self.buf[page].view(-1).view(torch.uint8).numpy())
 
 
 def run_copies(host: HostKVPool | None, pool: KVPool, stores: Sequence[Store], loads: Sequence[Load],

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sgl.runtime.memory.storage import PageStore, page_key
+from sgl.runtime.memory.storage.codec import HEADER_SIZE
 
 log = logging.getLogger("sgl.hicache")
 
@@ -42,7 +43,7 @@ class Prefetch:
 
 
 class StorageTier:
-    def __init__(self, store: PageStore, namespace: str, page_nbytes: int, read_page: Callable[[int], bytes],
+    def __init__(self, store: PageStore, namespace: str, page_nbytes: int, read_page: Callable[[int], memoryview],
                  prefetch_policy: str = "best_effort", prefetch_timeout: float = 1.0) -> None:
         self.store = store
         self.namespace = namespace
@@ -52,7 +53,7 @@ class StorageTier:
         self.timeout = prefetch_timeout
         self._prefetches: dict[int, Prefetch] = {}  # request uid -> its prefetch
         self._written: set[int] = set()  # page hashes this process stored (skip rewriting them)
-        self._writes: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue(MAX_QUEUED_WRITES)
+        self._writes: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue(MAX_QUEUED_WRITES)  # keys, frames
         self._reads: queue.Queue[Prefetch | None] = queue.Queue()
         self._lock = threading.Lock()
         self.stats: dict[str, float] = {
@@ -74,9 +75,10 @@ class StorageTier:
         if not todo:
             return
         keys = [self.key(h) for _, h in todo]
-        payloads = [self.read_page(p) for p, _ in todo]
+        # Framed here, while the host page still holds these bytes (the frame is the copy).
+        frames = [self.store.frame(self.read_page(p)) for p, _ in todo]
         try:
-            self._writes.put_nowait((keys, payloads))
+            self._writes.put_nowait((keys, frames))
         except queue.Full:
             with self._lock:
                 self.stats["storage_writes_dropped"] += len(keys)
@@ -137,15 +139,16 @@ class StorageTier:
     # -- background threads ----------------------------------------------------------------
     def _write_loop(self) -> None:
         while (job := self._writes.get()) is not None:
-            keys, payloads = job
+            keys, frames = job
             try:
-                ok = self.store.set(keys, payloads)
+                ok = self.store.set_framed(keys, frames)
             except Exception:
                 log.warning("storage %s: write failed; going on without it", self.store.name, exc_info=True)
                 ok = []
             with self._lock:
                 self.stats["storage_pages_written"] += sum(ok)
-                self.stats["storage_bytes_written"] += sum(len(p) for p, k in zip(payloads, ok) if k)
+                # payload bytes, as storage_bytes_loaded counts them
+                self.stats["storage_bytes_written"] += sum(len(f) - HEADER_SIZE for f, k in zip(frames, ok) if k)
 
     def _read_loop(self) -> None:
         while (p := self._reads.get()) is not None:

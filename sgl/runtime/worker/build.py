@@ -123,7 +123,7 @@ def hicache(cfg: EngineConfig, rm: RankModel) -> Any:
         identity = f"{cfg.model_path or 'embedded-smollm2-135m-instruct'}|{rm.config!r}"
         ns = namespace_for(identity, str(rm.pool.dtype), cfg.page_size, rm.tp.size, rm.tp.rank)
         backend = make_backend(cfg.hicache_storage_backend, extra, ns)
-        storage = StorageTier(PageStore(backend), ns, rm.host_pool.page_nbytes, rm.host_pool.read,
+        storage = StorageTier(PageStore(backend), ns, rm.host_pool.page_nbytes, rm.host_pool.view,
                               cfg.hicache_storage_prefetch_policy, timeout)
     return HiCache(cfg.page_size, rm.host_pool.num_pages, cfg.hicache_write_policy, storage=storage)
 

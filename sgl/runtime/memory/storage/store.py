@@ -55,11 +55,20 @@ class PageStore:
 
     def set(self, keys: Sequence[str], payloads: Sequence[bytes | bytearray | memoryview]) -> list[bool]:
         """Frame and store; True where written (False: store down, disk full, too big)."""
-        if len(keys) != len(payloads):
-            raise ValueError(f"{len(keys)} keys but {len(payloads)} payloads")
+        return self.set_framed(keys, [self.frame(p) for p in payloads])
+
+    @staticmethod
+    def frame(payload: bytes | bytearray | memoryview) -> bytes:
+        """A payload framed with its checksum (a copy: the caller may reuse `payload` now)."""
+        return encode_page(payload)
+
+    def set_framed(self, keys: Sequence[str], frames: Sequence[bytes]) -> list[bool]:
+        """Store pages framed by `frame` (framing where the payload lives saves a copy)."""
+        if len(keys) != len(frames):
+            raise ValueError(f"{len(keys)} keys but {len(frames)} payloads")
         if not keys:
             return []
-        return self.backend.set(keys, [encode_page(p) for p in payloads])
+        return self.backend.set(keys, frames)
 
     def delete(self, keys: Sequence[str]) -> None:
         if keys:
