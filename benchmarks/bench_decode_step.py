@@ -42,10 +42,13 @@ _ISA = {0: "plain C", 1: "AVX512-BF16", 2: "AVX2+FMA"}
 _QISA = {0: "plain C", 2: "AVX2 maddubs", 3: "AVX2 VNNI dpbusd"}
 
 
-def _batch(rows: int, context: int, r2t: torch.Tensor) -> ForwardBatch:
-    """`rows` requests with `context - 1` cached slots each, adding their next token."""
+def _batch(rows: int, context: int, r2t: torch.Tensor, scattered: bool) -> ForwardBatch:
+    """`rows` requests with `context - 1` cached slots each, adding their next token; their
+    slots in order, or shuffled as a pool looks after a while of serving."""
+    order = torch.randperm(rows * context, generator=torch.Generator().manual_seed(0)) if scattered else \
+        torch.arange(rows * context)
     for r in range(rows):
-        r2t[r, :context] = torch.arange(1 + r * context, 1 + (r + 1) * context)
+        r2t[r, :context] = 1 + order[r * context:(r + 1) * context]
     locs = [int(r2t[r, context - 1]) for r in range(rows)]
     return ForwardBatch.build([100 + r for r in range(rows)], locs, list(range(rows)), [context - 1] * rows,
                               [1] * rows, r2t)
@@ -56,6 +59,8 @@ def main() -> None:
     ap.add_argument("--marches", default="x86-64-v2,native")
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--context", type=int, default=16)
+    ap.add_argument("--slots", choices=("contiguous", "scattered"), default="contiguous",
+                    help="KV slots of a request: in order, or shuffled over the pool")
     ap.add_argument("--threads", type=int, default=2, choices=(1, 2))
     ap.add_argument("--steps", type=int, default=10, help="steps per timing")
     ap.add_argument("--reps", type=int, default=5, help="timings per (variant, rows); the median is kept")
@@ -84,7 +89,7 @@ def main() -> None:
                 f"{'+'.join(sorted(dec.weight_types()))} {_QISA.get(lib.quant_simd(), '?')}"
             decoders[name] = (dec, kernel)
             marches.append(name)
-    batches = {b: _batch(b, args.context, r2t) for b in rows_list}
+    batches = {b: _batch(b, args.context, r2t, args.slots == "scattered") for b in rows_list}
     times: dict[tuple[str, int], list[float]] = {(m, b): [] for m in marches for b in rows_list}
     for m in marches:  # warm up: binds the pool, sizes the workspaces, faults the weights in
         for b in rows_list:
@@ -97,7 +102,7 @@ def main() -> None:
                 for _ in range(args.steps):
                     dec.forward(batches[b], pool)
                 times[(m, b)].append((time.perf_counter() - t0) / args.steps * 1e3)
-    print(f"cpu: {cpu_model()}; threads {args.threads}; context {args.context}; median of {args.reps} x "
+    print(f"cpu: {cpu_model()}; threads {args.threads}; context {args.context}, {args.slots} slots; median of {args.reps} x "
           f"{args.steps} steps")
     for name, (_, kernel) in decoders.items():
         print(f"  {name}: {kernel}")

@@ -20,7 +20,7 @@ from sgl.runtime.attention.torch_backend import TorchAttentionBackend
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.executor.model_runner import ModelRunner
 from sgl.runtime.kernels.cpu import binding
-from sgl.runtime.kernels.cpu.decode import MAX_ROWS, CpuDecoder
+from sgl.runtime.kernels.cpu.decode import MAX_ROWS, CpuDecoder, row_limit
 from sgl.runtime.memory.kv_pool import KVPool
 from sgl.runtime.models.llama import LlamaForCausalLM, tiny_config, tiny_random_model
 from sgl.runtime.models.loader import load_model
@@ -259,13 +259,15 @@ def test_logits_of_consecutive_steps_do_not_alias():
 
 
 def test_a_batch_past_max_rows_runs_as_several_steps_with_the_same_bits():
-    """split on: 11 decode rows and a request's 3 drafts on a 4-row decoder run as four
-    kernel steps; logits and K/V are bit-identical to one 16-row step, and the request
-    whose drafts straddle two steps attends to the K/V the earlier step wrote. A longer
-    extend (prefill work) and split off stay on the torch forward."""
+    """split on: decode rows and a request's 3 drafts, as many rows as one step of this
+    build takes (14 on AVX2, 8 on AVX-512), on a 3-row decoder run as several kernel
+    steps; logits and K/V are bit-identical to one full step, and the request whose drafts
+    straddle two steps attends to the K/V the earlier step wrote. A longer extend (prefill
+    work) and split off stay on the torch forward."""
     model = tiny_random_model(tiny_config(hidden_size=96, intermediate_size=192), dtype=torch.bfloat16, seed=3)
     model.prepack()
-    lens = [3, 9, 27, 4, 15, 2, 33, 8, 5, 12, 7]
+    full = min(14, row_limit(binding.kernels()))
+    lens = [3, 9, 27, 4, 15, 2, 33, 8, 5, 12, 7][: full - 3]
     pool, attn, batch = _setup(model, lens)
     r2t = batch.req_to_token
     b = len(lens)
@@ -278,8 +280,8 @@ def test_a_batch_past_max_rows_runs_as_several_steps_with_the_same_bits():
     mixed = ForwardBatch.build(ids, locs, list(range(b + 1)), [n - 1 for n in lens] + [3], [1] * b + [3], r2t)
     loc = mixed.out_cache_loc
     outs, kvs = [], []
-    for dec in (CpuDecoder(model, binding.kernels(), 2, 16), CpuDecoder(model, binding.kernels(), 2, 4)):
-        dec.split = dec.max_rows == 4
+    for dec in (CpuDecoder(model, binding.kernels(), 2, full), CpuDecoder(model, binding.kernels(), 2, 3)):
+        dec.split = dec.max_rows == 3
         assert dec.supports(mixed, pool)
         for i in range(len(model.layers)):
             pool.k_buffers[i][loc] = 0
@@ -290,7 +292,7 @@ def test_a_batch_past_max_rows_runs_as_several_steps_with_the_same_bits():
     assert outs[0].shape == (b + 1, model.config.vocab_size)
     assert torch.equal(outs[0], outs[1])
     assert all(torch.equal(k0, k1) and torch.equal(v0, v1) for (k0, v0), (k1, v1) in zip(kvs[0], kvs[1]))
-    split = CpuDecoder(model, binding.kernels(), 2, 4)
+    split = CpuDecoder(model, binding.kernels(), 2, 3)
     split.split = True
     long_extend = ForwardBatch.build(list(range(20, 29)), list(range(2100, 2109)), [0], [2], [9], r2t)
     assert not split.supports(long_extend, pool)

@@ -66,6 +66,9 @@ static inline __m512 hsum16(const __m512 *v) {
 static inline void prefetch_row(const bf16 *p, int d) {
     for (int b = 0; b < d * (int)sizeof(bf16); b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
+static inline void prefetch_row_l2(const bf16 *p, int d) {
+    for (int b = 0; b < d * (int)sizeof(bf16); b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
+}
 #endif
 
 #if defined(SGL_BF16_SIMD) && !defined(KV_AHEAD)
@@ -77,9 +80,10 @@ static inline void prefetch_row(const bf16 *p, int d) {
 /* scores[r * ss + j] = scale * (q_r . K[slots[j], g]) for the G (<= KEY_HEADS) query
  * heads q_r = q + r * d and j < len. qf: scratch of G * (d + 16) floats. Each K row is
  * fetched from memory once for the G heads (the others read it from L1). */
-static void key_scores(const bf16 *q, int G, const bf16 *K, const int64_t *slots, int len, int nkv, int g, int d,
+static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nkv, int g, int d,
                        float scale, float *scores, int64_t ss, float *qf) {
     (void)qf;
+    (void)V; /* prefetched only */
 #if defined(SGL_AVX2_SIMD)
     /* keys in groups of 8, the last group padded with zero vectors: every key's sum is
      * reduced by the same tree whatever len is */
@@ -89,7 +93,10 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const int64_t *slots
     for (int j = 0; j < len; j += 8) {
         int cnt = len - j < 8 ? len - j : 8;
         for (int jj = 0; jj < 8; jj++) {
-            if (j + jj + KV_AHEAD < len) prefetch_row(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d);
+            if (j + jj + KV_AHEAD < len) {
+                prefetch_row(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d);
+                prefetch_row_l2(V + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d); /* for the value pass */
+            }
             const bf16 *k = K + (slots[j + jj < len ? j + jj : j] * nkv + g) * d;
             for (int r = 0; r < G; r++) part[r][jj] = jj < cnt ? dotv(k, qf + r * qs, d) : _mm256_setzero_ps();
         }
@@ -114,8 +121,11 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const int64_t *slots
         for (; j + 16 <= len; j += 16) {
             if (r == 0) /* the first head's pass brings the rows in; the others find them in L2 */
                 for (int jj = 0; jj < 16 && j + jj + KV_AHEAD < len; jj++)
-                    for (int b = 0; b < d * (int)sizeof(bf16); b += 64)
+                    for (int b = 0; b < d * (int)sizeof(bf16); b += 64) {
                         _mm_prefetch((const char *)(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d) + b, _MM_HINT_T0);
+                        /* and V into L2 for the value pass that follows */
+                        _mm_prefetch((const char *)(V + (slots[j + jj + KV_AHEAD] * nkv + g) * d) + b, _MM_HINT_T1);
+                    }
             for (int jj = 0; jj < 16; jj++)
                 part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, qr, d);
             _mm512_storeu_ps(sr + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
@@ -203,7 +213,7 @@ static void attend_group(const bf16 *q, const bf16 *K, const bf16 *V, const int6
     float scale = 1.0f / sqrtf((float)d);
     for (int r0 = 0; r0 < group; r0 += KEY_HEADS) {
         int G = group - r0 < KEY_HEADS ? group - r0 : KEY_HEADS;
-        key_scores(q + (int64_t)r0 * d, G, K, slots, len, nkv, g, d, scale, scores + r0 * ss, ss, qf);
+        key_scores(q + (int64_t)r0 * d, G, K, V, slots, len, nkv, g, d, scale, scores + r0 * ss, ss, qf);
     }
     for (int r = 0; r < group; r++) {
         float *s = scores + r * ss, mx = -INFINITY;
