@@ -93,11 +93,11 @@ def test_openai_client_completions_chat_and_stream(router):
     comp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0)
     assert "Paris" in comp.choices[0].text
     chat = client.chat.completions.create(model=model, max_tokens=8, temperature=0,
-                                          messages=[{"role": "user", "content": "What is the capital of France?"}])
+                                          messages=[{"role": "user", "content": "Which city is the capital of France?"}])
     assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model=model, max_tokens=8, temperature=0, stream=True,
-        messages=[{"role": "user", "content": "What is the capital of France?"}]) if c.choices]
+        messages=[{"role": "user", "content": "Which city is the capital of France?"}]) if c.choices]
     assert "".join(pieces) == chat.choices[0].message.content
 
 
