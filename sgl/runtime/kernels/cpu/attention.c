@@ -96,12 +96,6 @@ static void transpose16(const uint32_t *const *src, int col, uint32_t *dst) {
     }
 }
 
-/* Pool rows are gathered through the slot table, whose stride the hardware prefetcher
- * cannot see: each loop asks for the rows a tile ahead. */
-static inline void prefetch_bytes(const bf16 *p, int bytes) {
-    for (int b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
-}
-
 /* Chunk c of the pack phase: segment c / nkv, KV head c % nkv. Rows past the segment's
  * keys are zero, so a zero probability never meets a NaN. */
 static void pack_chunk(void *arg, int c) {
@@ -116,8 +110,8 @@ static void pack_chunk(void *arg, int c) {
     bf16 *vp = seg_v(J, s, g);
     /* K: per tile of 16 keys, [hp][16] words (word = a pair of dims) */
     for (int c0 = 0; c0 < npad; c0 += KTILE) {
-        for (int j = c0 + KTILE; j < c0 + 2 * KTILE && j < n; j++) /* the next tile's rows */
-            prefetch_bytes(J->kb + (slots[j] * J->nkv + g) * d, d * (int)sizeof(bf16));
+        for (int j = c0 + KTILE; j < c0 + 2 * KTILE && j < n; j++) /* the next tile's rows (simd.h) */
+            prefetch_l1(J->kb + (slots[j] * J->nkv + g) * d, d * (int)sizeof(bf16));
         for (int j = 0; j < KTILE; j++)
             src[j] = c0 + j < n ? J->kb + (slots[c0 + j] * J->nkv + g) * d : zeros;
         for (int col = 0; col < hp; col += 16)
@@ -129,7 +123,7 @@ static void pack_chunk(void *arg, int c) {
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int c0 = 0; c0 < npad; c0 += 2) {
         for (int j = c0 + KTILE; j < c0 + KTILE + 2 && j < n; j++)
-            prefetch_bytes(J->vb + (slots[j] * J->nkv + g) * d, d * (int)sizeof(bf16));
+            prefetch_l1(J->vb + (slots[j] * J->nkv + g) * d, d * (int)sizeof(bf16));
         const bf16 *a = c0 < n ? J->vb + (slots[c0] * J->nkv + g) * d : zeros;
         const bf16 *b = c0 + 1 < n ? J->vb + (slots[c0 + 1] * J->nkv + g) * d : zeros;
         bf16 *dst = vp + (int64_t)c0 * d;

@@ -59,21 +59,8 @@ static inline __m512 hsum16(const __m512 *v) {
 }
 #endif
 
-#ifdef SGL_AVX2_SIMD
-/* K/V rows are gathered through the slot table, a stride the hardware prefetcher does not
- * follow far enough ahead: each loop asks for the row KV_AHEAD keys on. */
+/* Keys ahead of the one being scored whose K (and V) rows are prefetched (simd.h). */
 #define KV_AHEAD 16
-static inline void prefetch_row(const bf16 *p, int d) {
-    for (int b = 0; b < d * (int)sizeof(bf16); b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
-}
-static inline void prefetch_row_l2(const bf16 *p, int d) {
-    for (int b = 0; b < d * (int)sizeof(bf16); b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T1);
-}
-#endif
-
-#if defined(SGL_BF16_SIMD) && !defined(KV_AHEAD)
-#define KV_AHEAD 16 /* as above: the slot table hides the stride from the prefetcher */
-#endif
 
 #define KEY_HEADS 4 /* query heads scored per pass over the keys */
 
@@ -94,8 +81,9 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const
         int cnt = len - j < 8 ? len - j : 8;
         for (int jj = 0; jj < 8; jj++) {
             if (j + jj + KV_AHEAD < len) {
-                prefetch_row(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d);
-                prefetch_row_l2(V + (slots[j + jj + KV_AHEAD] * nkv + g) * d, d); /* for the value pass */
+                int64_t row = (slots[j + jj + KV_AHEAD] * nkv + g) * d;
+                prefetch_l1(K + row, d * (int)sizeof(bf16));
+                prefetch_l2(V + row, d * (int)sizeof(bf16)); /* for the value pass */
             }
             const bf16 *k = K + (slots[j + jj < len ? j + jj : j] * nkv + g) * d;
             for (int r = 0; r < G; r++) part[r][jj] = jj < cnt ? dotv(k, qf + r * qs, d) : _mm256_setzero_ps();
@@ -120,12 +108,11 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const
         __m512 part[16];
         for (; j + 16 <= len; j += 16) {
             if (r == 0) /* the first head's pass brings the rows in; the others find them in L2 */
-                for (int jj = 0; jj < 16 && j + jj + KV_AHEAD < len; jj++)
-                    for (int b = 0; b < d * (int)sizeof(bf16); b += 64) {
-                        _mm_prefetch((const char *)(K + (slots[j + jj + KV_AHEAD] * nkv + g) * d) + b, _MM_HINT_T0);
-                        /* and V into L2 for the value pass that follows */
-                        _mm_prefetch((const char *)(V + (slots[j + jj + KV_AHEAD] * nkv + g) * d) + b, _MM_HINT_T1);
-                    }
+                for (int jj = 0; jj < 16 && j + jj + KV_AHEAD < len; jj++) {
+                    int64_t row = (slots[j + jj + KV_AHEAD] * nkv + g) * d;
+                    prefetch_l1(K + row, d * (int)sizeof(bf16));
+                    prefetch_l2(V + row, d * (int)sizeof(bf16)); /* for the value pass */
+                }
             for (int jj = 0; jj < 16; jj++)
                 part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, qr, d);
             _mm512_storeu_ps(sr + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
@@ -147,9 +134,6 @@ int64_t attn_lane_floats(int max_len, int d, int group) {
 /* The V sums use AVX2 at both SIMD levels (every AVX512 CPU has it). */
 #if defined(SGL_AVX2_SIMD) || defined(SGL_BF16_SIMD)
 #define V_SIMD 1
-#ifndef KV_AHEAD
-#define KV_AHEAD 16
-#endif
 #endif
 
 #ifdef V_SIMD

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "sgl_kernels.h"
+#include "simd.h"
 #include "team.h"
 
 static inline char *host_row(const sgl_kv_copy *c, int64_t i, int layer, int kv) {
@@ -31,23 +32,19 @@ static int64_t run_length(const sgl_kv_copy *c, int64_t i) {
  * several misses in flight (the host side is read/written in page order). */
 enum { AHEAD = 8 };
 
-static void prefetch_row(const char *p, int64_t bytes, int write) {
-    for (int64_t o = 0; o < bytes; o += 64) {
-        if (write)
-            __builtin_prefetch(p + o, 1);
-        else
-            __builtin_prefetch(p + o, 0);
-    }
-}
-
 /* Chunk = one (layer, K or V) buffer: the two threads' rows never overlap. */
 static void copy_buffer(void *arg, int chunk) {
     const sgl_kv_copy *c = (const sgl_kv_copy *)arg;
     int layer = chunk / 2, kv = chunk % 2;
     char *pool = (char *)(kv ? c->v_pool[layer] : c->k_pool[layer]);
     for (int64_t i = 0; i < c->n;) {
-        if (i + AHEAD < c->n)
-            prefetch_row(pool + c->slots[i + AHEAD] * c->row_bytes, c->row_bytes, !c->to_host);
+        if (i + AHEAD < c->n) {
+            char *ahead = pool + c->slots[i + AHEAD] * c->row_bytes;
+            if (c->to_host)
+                prefetch_l1(ahead, c->row_bytes);
+            else
+                prefetch_write(ahead, c->row_bytes);
+        }
         int64_t r = run_length(c, i);
         char *h = host_row(c, i, layer, kv), *d = pool + c->slots[i] * c->row_bytes;
         size_t bytes = (size_t)(r * c->row_bytes);

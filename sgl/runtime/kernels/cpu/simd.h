@@ -34,6 +34,20 @@ static inline bf16 f2bf(float f) { /* round to nearest even, NaN kept quiet */
 
 static inline float rf(float f) { return bf2f(f2bf(f)); } /* value rounded through bf16 */
 
+/* Rows gathered through a slot table have a stride the hardware prefetcher cannot see:
+ * the kernels ask for the bytes of a row some rows ahead, a cache line at a time, into L1
+ * (read next), L2 (read by a later pass) or for writing. Portable (a no-op where the
+ * compiler has no prefetch). */
+static inline void prefetch_l1(const void *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+}
+static inline void prefetch_l2(const void *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
+}
+static inline void prefetch_write(void *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((char *)p + o, 1, 3);
+}
+
 #ifdef SGL_BF16_SIMD
 /* exp(x): a degree-6 polynomial on x - t ln2 (relative error ~2e-7, far below bf16's
  * 4e-3), scaled by 2^t. The clamp keeps infinities out of the reduction: exp(-110) is 0
