@@ -39,3 +39,11 @@ def tok():
 def no_grammar_disk_cache(monkeypatch):
     """Compile grammars afresh: the on-disk cache could serve tables of an older converter."""
     monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")
+
+
+@pytest.fixture(params=["native", "lazy"])
+def regex_backend(request, monkeypatch):
+    """Run a grammar test on both backends of our engine: the native one (C, the default)
+    and the numpy one (where no C compiler builds it)."""
+    monkeypatch.setenv("SGL_REGEX_BACKEND", request.param)
+    return request.param

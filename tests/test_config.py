@@ -43,7 +43,7 @@ def test_former_environment_switches_are_config_fields():
 
 def test_defaults_without_variables(clean_env):
     s = settings()
-    assert (s.regex_backend, s.lazy_dfa, s.grammar_cache_entries) == ("lazy", "rust", 256)
+    assert (s.regex_backend, s.lazy_dfa, s.grammar_cache_entries) == ("native", "native", 256)
     assert s.pushdown_lazy and s.grammar_disk_cache and not s.disable_cpu_ops
     assert EngineConfig.from_kwargs() == EngineConfig()
 
@@ -81,7 +81,7 @@ def test_variable_sets_engine_option(clean_env, var, raw, field, value):
 @pytest.mark.parametrize("var, raw, expected", [
     ("SGL_GRAMMAR_CACHE_ENTRIES", "many", "an integer"),
     ("SGL_DISABLE_CPU_OPS", "maybe", "a boolean"),
-    ("SGL_REGEX_BACKEND", "nope", "one of lazy, outlines"),
+    ("SGL_REGEX_BACKEND", "nope", "one of native, lazy, outlines"),
     ("SGL_CPU_DECODE_THREADS", "3", "one of 1, 2"),
     ("SGL_MEM_FRACTION", "half", "a number"),
     ("SGL_SCHEDULE_POLICY", "random", "one of lpm, fcfs, dfs-weight"),

@@ -12,7 +12,8 @@ import pytest
 
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.byte_dfa import ByteDFA
-from sgl.runtime.constrained.dfa_build import build_byte_dfa, coreachable
+from sgl.runtime.constrained.byte_dfa import coreachable
+from sgl.runtime.constrained.dfa_build import build_byte_dfa
 from sgl.runtime.constrained.dfa_ops import intersect
 
 

@@ -124,9 +124,12 @@ Y: "y"
 '''
 
 
+GENERAL_ROUTE = {"CompiledCfg", "CompiledNative"}  # numpy and native engines of the CFG route
+
+
 def test_lark_conflict_falls_back_to_general_route(tok):
     g = compile_tables("lark", NON_LALR, tok)
-    assert type(g).__name__ == "CompiledCfg"
+    assert type(g).__name__ in GENERAL_ROUTE
     for s, ok in [("xyc", True), ("x y  c", True), ("xy", False), ("xcc", False)]:
         assert by_bytes(tok, NON_LALR, s, "lark") is ok, s
         assert by_tokens(tok, NON_LALR, s, "lark") is ok, s
@@ -138,7 +141,7 @@ def test_lark_conflict_falls_back_to_general_route(tok):
     assert type(compile_tables("lark", 'start: "a"+\n', tok)).__name__ == "CompiledLark"
 
 
-def test_ambiguity_stays_small(tok):
+def test_ambiguity_stays_small(tok, regex_backend):
     """`e ::= e "+" e | ...` has a parse per split of the sum; the configuration folds
     them (idempotent frames), so a long sum keeps a handful of stacks and cheap masks."""
     spec = grammar("ambiguous_expr")
@@ -147,7 +150,7 @@ def test_ambiguity_stays_small(tok):
     for tid in greedy_encode(tok, text):
         assert m.new_mask()[tid]
         assert m.accept_token(tid)
-        assert len(m.grammar.config) <= 4
+        assert len(m.grammar.stacks()) <= 4
     assert m.can_end()
     assert judge_accepts("ambiguous_expr", text)
 
@@ -168,6 +171,6 @@ QUOTED: /"[^"]*"/
 
 def test_lark_general_route_regex_terminals(tok):
     """Regex terminals (negated classes kept off the call-marker code points), %ignore."""
-    assert type(compile_tables("lark", NON_LALR_REGEX, tok)).__name__ == "CompiledCfg"
+    assert type(compile_tables("lark", NON_LALR_REGEX, tok)).__name__ in GENERAL_ROUTE
     for s, ok in [('a=b;', True), ('a = "x y" ;\n b=c2;', True), ('a=;', False), ('a="x;', False)]:
         assert by_tokens(tok, NON_LALR_REGEX, s, "lark") is ok, s

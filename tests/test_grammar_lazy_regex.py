@@ -20,6 +20,7 @@ from sgl.runtime.constrained import dfa_build, registry
 from sgl.runtime.constrained.base import GrammarError
 from sgl.runtime.constrained.dfa_build import build_byte_dfa
 from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex, LazyRegexGrammar
+from sgl.runtime.constrained.native.compiled import CompiledNative
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.regex_grammar import CompiledRegex, build_index
 from sgl.runtime.constrained.vocab import greedy_encode
@@ -185,17 +186,25 @@ def test_unsupported_regex_is_grammar_error(tok):
 def test_registry_backend_choice_and_disk_cache(tok, monkeypatch, tmp_path):
     monkeypatch.setenv("SGL_CACHE_DIR", str(tmp_path))
     spec = r"(cat|dog)s? [0-9]{3}"
-    g = registry.compile_grammar("regex", spec, tok)
-    assert isinstance(g.compiled, CompiledLazyRegex)
-    assert list((tmp_path / "grammars").glob("*.pkl"))  # the byte DFA was stored
-    registry.clear_memory_cache()
 
     def boom(*a, **k):
-        raise AssertionError("DFA rebuilt instead of loaded from disk")
+        raise AssertionError("a whole DFA was built")
 
+    # native (the default): compiling parses the regex, no DFA is built or stored
+    with monkeypatch.context() as m:
+        m.setattr(dfa_build, "build_byte_dfa", boom)
+        g = registry.compile_grammar("regex", spec, tok)
+    assert isinstance(g.compiled, CompiledNative)
+    assert not list((tmp_path / "grammars").glob("*.pkl"))
+    # the numpy backend builds the byte DFA, stores it, and loads it next time
+    monkeypatch.setenv("SGL_REGEX_BACKEND", "lazy")
+    lazy = registry.compile_grammar("regex", spec, tok)
+    assert isinstance(lazy.compiled, CompiledLazyRegex)
+    assert list((tmp_path / "grammars").glob("*.pkl"))
+    registry.clear_memory_cache()
     monkeypatch.setattr(dfa_build, "build_byte_dfa", boom)
     g2 = registry.compile_grammar("regex", spec, tok)
-    assert g2.allowed_token_ids() == g.allowed_token_ids()
+    assert g2.allowed_token_ids() == lazy.allowed_token_ids() == sorted(g.allowed_token_ids())
     monkeypatch.setenv("SGL_REGEX_BACKEND", "outlines")
     g3 = registry.compile_grammar("regex", spec, tok)
     assert isinstance(g3.compiled, CompiledRegex)
@@ -205,19 +214,22 @@ def test_registry_backend_choice_and_disk_cache(tok, monkeypatch, tmp_path):
         registry.compile_grammar("regex", spec + "x", tok)
 
 
-def test_json_schema_and_choices_use_lazy_backend(tok):
+@pytest.mark.parametrize("backend,single,machines", [("native", CompiledNative, CompiledNative),
+                                                      ("lazy", CompiledLazyRegex, CompiledPushdown)])
+def test_json_schema_and_choices_backends(tok, monkeypatch, backend, single, machines):
+    monkeypatch.setenv("SGL_REGEX_BACKEND", backend)
     g = registry.compile_grammar("choices", ["yes", "no"], tok)
-    assert isinstance(g.compiled, CompiledLazyRegex)
+    assert isinstance(g.compiled, single)
     closed = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}
     j = registry.compile_grammar("json_schema", closed, tok)
-    assert isinstance(j.compiled, CompiledLazyRegex)  # fits one regex: the lazy backend
+    assert isinstance(j.compiled, single)  # fits one regex: one machine
     j.accept_bytes(b'{"ok":true}')
     assert j.can_end()
     # Extra members may be any JSON value at any depth: a free-form machine, pushdown.
     open_ = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     p = registry.compile_grammar("json_schema", open_, tok)
-    assert isinstance(p.compiled, CompiledPushdown)
+    assert isinstance(p.compiled, machines) and p.compiled.num_machines > 1
     p.accept_bytes(b'{"ok":true,"x":[{"y":[null]}]}')
     assert p.can_end()
 
@@ -242,9 +254,8 @@ def test_alternatives_where_one_is_a_prefix_of_another(tok, engine):
             assert _full_match(CompiledLazyRegex(dfa, tok).new_matcher(), text) == (text in good), (rx, text)
 
 
-def test_choices_and_enum_with_prefix_members(tok):
+def test_choices_and_enum_with_prefix_members(tok, regex_backend):
     g = registry.compile_tables("choices", ["yes", "yes please", "no"], tok, use_cache=False)
-    assert isinstance(g, CompiledLazyRegex)
     for text, ok in [("yes", True), ("yes please", True), ("no", True), ("yes p", False)]:
         assert _full_match(g.new_matcher(), text) == ok, text
     m = g.new_matcher()

@@ -17,6 +17,7 @@ import pytest
 
 from sgl.runtime.constrained.json_schema import canonical_json, schema_to_machines, schema_to_regex
 from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex
+from sgl.runtime.constrained.native.compiled import CompiledNative
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.vocab import greedy_encode
 from tests.grammar_helpers import accepts_text, compiled
@@ -38,7 +39,7 @@ CHAIN = {"$ref": "#/definitions/n", "definitions": {"n": {
     "required": ["kids"], "additionalProperties": False}}}
 
 
-def brute_mask(c: CompiledPushdown, config, tok) -> set[int]:
+def brute_mask(c, config, tok) -> set[int]:
     eos = set(tok.eos_token_ids)
     return {i for i, b in enumerate(tok.token_bytes)
             if b and i not in eos and c.step_bytes(config, b) is not None}
@@ -53,9 +54,9 @@ def accepts(c, text: str, tok) -> bool:
     (FREE, '{"ok":true,"a":{"b":[1,{"c":[["x",null]]}]},"z":"q"}', 3),
 ])
 @pytest.mark.timeout(60)
-def test_masks_equal_brute_force(tok, schema, text, every):
+def test_masks_equal_brute_force(tok, regex_backend, schema, text, every):
     c = compiled(schema, tok)
-    assert isinstance(c, CompiledPushdown)
+    assert isinstance(c, CompiledPushdown if regex_backend == "lazy" else CompiledNative)
     g = c.new_matcher()
     ids = greedy_encode(tok, text)
     for n, t in enumerate(ids):
@@ -73,7 +74,7 @@ def test_masks_equal_brute_force(tok, schema, text, every):
     assert all(r[e] for e in tok.eos_token_ids) and not row.any()
 
 
-def test_recursive_tree_instances(tok):
+def test_recursive_tree_instances(tok, regex_backend):
     c = compiled(TREE, tok)
     v = jsonschema.Draft7Validator(TREE)
     deep = {"v": 0}
@@ -87,7 +88,7 @@ def test_recursive_tree_instances(tok):
     assert not accepts(c, '{"v":1,"kids":[{"v":2}', tok)  # unclosed: cannot end
 
 
-def test_free_form_values_any_depth(tok):
+def test_free_form_values_any_depth(tok, regex_backend):
     c = compiled(FREE, tok)
     deep = [1, {"a": [{"b": {"c": [None, True, "s", -1.5e3]}}]}]
     assert accepts(c, json.dumps({"ok": True, "x": deep}, separators=(",", ":")), tok)
@@ -97,7 +98,7 @@ def test_free_form_values_any_depth(tok):
         assert not accepts(c, bad, tok), bad
 
 
-def test_rollback_and_jump_forward_across_calls(tok):
+def test_rollback_and_jump_forward_across_calls(tok, regex_backend):
     c = compiled(CHAIN, tok)
     g = c.new_matcher()
     assert g.jump_forward_string() == '{"kids":['  # crosses the root's call
@@ -108,13 +109,13 @@ def test_rollback_and_jump_forward_across_calls(tok):
         masks.append(c.token_mask(g.config).copy())
         g.accept_token(t)
     assert g.jump_forward_string() == "}]}"  # two returns
-    depth = max(len(s) for s in g.config) // 2
+    depth = max(len(s) for s in g.stacks()) // 2
     g.rollback(len(ids))
     assert g.num_accepted() == 0 and g.config == c.initial
     for t, m in zip(ids, masks):
         assert (c.token_mask(g.config) == m).all()
         g.accept_token(t)
-    assert max(len(s) for s in g.config) // 2 == depth
+    assert max(len(s) for s in g.stacks()) // 2 == depth
     for t in greedy_encode(tok, "}]}"):
         g.accept_token(t)
     assert g.can_end() and g.is_terminated()
@@ -127,12 +128,13 @@ def test_rollback_and_jump_forward_across_calls(tok):
     assert g.copy().num_accepted() == 0
 
 
-def test_small_schema_keeps_single_regex(tok):
+def test_small_schema_keeps_single_regex(tok, regex_backend):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
               "required": ["a"], "additionalProperties": False}
     spec = schema_to_machines(schema)
     assert not spec.subs and spec.root == schema_to_regex(schema)
-    assert isinstance(compiled(schema, tok), CompiledLazyRegex)
+    c = compiled(schema, tok)
+    assert isinstance(c, CompiledLazyRegex if regex_backend == "lazy" else CompiledNative) and c.num_machines == 1
 
 
 def test_machines_memoized_per_ref(tok):
@@ -146,13 +148,13 @@ def test_machines_memoized_per_ref(tok):
 
 
 @pytest.mark.timeout(60)
-def test_large_maskbench_schema(tok):
+def test_large_maskbench_schema(tok, regex_backend):
     # Single-regex mode inlines every $ref of this Kubernetes schema past the size cap.
     d = json.loads((DATA / "maskbench_Kubernetes---kb_850_Normalized.json").read_text())
     with pytest.raises(ValueError, match="exceeds"):
         schema_to_regex(d["schema"])
     c = compiled(d["schema"], tok)
-    assert isinstance(c, CompiledPushdown) and len(c.machines) > 2
+    assert c.num_machines > 2
     seen = {True: 0, False: 0}
     for t in d["tests"]:
         text = canonical_json(t["data"], d["schema"])

@@ -18,6 +18,7 @@ from sgl.runtime.constrained.cache import DiskCache
 from sgl.runtime.constrained.dfa_ops import intersect
 from sgl.runtime.constrained.json_schema._regex import call_marker
 from sgl.runtime.constrained.json_schema.machines import Intersect, Machines, MachineSpec
+from sgl.runtime.constrained.native.compiled import CompiledNative
 from sgl.runtime.constrained.pushdown import CompiledPushdown
 from sgl.runtime.constrained.pushdown_build import build_tables
 from tests.grammar_helpers import accepts_text
@@ -68,9 +69,10 @@ def _spec_with_intersection(parts: list[str]) -> MachineSpec:
 
 
 @pytest.mark.parametrize("use_registry", [False, True])
-def test_intersect_sub_in_pushdown(tok, tmp_path, use_registry):
+def test_intersect_sub_in_pushdown(tok, tmp_path, use_registry, monkeypatch):
     spec = _spec_with_intersection(['"[a-z]{2,5}"', '"(?:ab|cd)*"'])
     if use_registry:
+        monkeypatch.setenv("SGL_REGEX_BACKEND", "lazy")  # the numpy backend's disk cache
         disk = DiskCache(tmp_path)
         c = registry._build_pushdown(spec, tok, "json_schema", disk)
         assert any(tmp_path.iterdir())
@@ -82,6 +84,28 @@ def test_intersect_sub_in_pushdown(tok, tmp_path, use_registry):
                      ('{"k":null}', True), ('{"k":"abcdab"}', False), ('{"k":"a"}', False),
                      ('{"k":"abc"}', False), ('{"k":""}', False)]:
         assert accepts_text(c, text) == ok, text
+
+
+def test_intersect_sub_on_the_native_engine(tok):
+    """The native engine multiplies the parts' lazy DFAs: a call in one part meets only
+    the same call in the other (converter parts share their opening-quote call)."""
+    spec = _spec_with_intersection(['"[a-z]{2,5}"', '"(?:ab|cd)*"'])
+    c = registry._build_pushdown(spec, tok, "json_schema", None)
+    assert isinstance(c, CompiledNative)
+    for text, ok in [('{"k":"abcd"}', True), ('{"k":"ab"}', True), ('{"k":"null"}', False),
+                     ('{"k":null}', True), ('{"k":"abcdab"}', False), ('{"k":"a"}', False),
+                     ('{"k":"abc"}', False), ('{"k":""}', False)]:
+        assert accepts_text(c, text) == ok, text
+    empty = registry._build_pushdown(_spec_with_intersection(['"a+"', '"b+"']), tok, "json_schema", None)
+    assert accepts_text(empty, '{"k":null}') and not accepts_text(empty, '{"k":"a"}')
+    g = empty.new_matcher()
+    g.accept_bytes(b'{"k":')
+    assert g.jump_forward_string() == "null}"
+    m = Machines("")
+    digit = m.call("[0-9]")
+    x = m.intersect([r"\[" + digit + r"(?:," + digit + r")*\]", r"\[" + digit + r"(?:,[0-9])?\]"])
+    both = registry._build_pushdown(m.spec(x), tok, "json_schema", None)
+    assert accepts_text(both, "[1]") and not accepts_text(both, "[1,2]") and not accepts_text(both, "[a]")
 
 
 def test_empty_intersection_is_a_dead_call(tok):

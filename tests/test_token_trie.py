@@ -1,13 +1,17 @@
-"""The C trie walk (token_trie.py / trie_walk.c) gives exactly the numpy walk's masks."""
+"""The native engine's trie walk (native/pushdown_walk.c over token_trie.py) gives exactly
+the numpy walk's masks, state by state; without a C compiler the numpy backend serves."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sgl.runtime.constrained import token_trie
-from sgl.runtime.constrained.lazy_regex import VocabWalker
-from sgl.runtime.constrained.registry import compile_tables
+from sgl.runtime.constrained import registry
+from sgl.runtime.constrained.lazy_regex import CompiledLazyRegex, VocabWalker
+from sgl.runtime.constrained.native import binding
+from sgl.runtime.constrained.native.binding import NativeEngine, config_of
+from sgl.runtime.constrained.native.compiled import CompiledNative
+from sgl.runtime.constrained.native.shorthand import shorthand_tables
 from sgl.runtime.constrained.token_trie import TokenTrie
 from sgl.runtime.constrained.vocab import TokenizerInfo
 from sgl.runtime.models.loader import embedded_gguf_path
@@ -32,25 +36,40 @@ def _brute(tok: TokenizerInfo, trans: np.ndarray, state: int) -> np.ndarray:
     return out
 
 
+def _engine(regex: str, tok: TokenizerInfo) -> tuple[NativeEngine, np.ndarray]:
+    """A one-machine engine with every state expanded, and its table."""
+    eng = NativeEngine(1, "regex")
+    assert eng.set_regex(0, regex, calls=False, uni=shorthand_tables())
+    eng.finalize(0)
+    CompiledNative(eng, tok, "regex")  # hands the engine the trie
+    trans, _ = eng.export(0)
+    return eng, trans
+
+
+def _mask(eng: NativeEngine, tok: TokenizerInfo, state: int) -> np.ndarray:
+    out = np.zeros(tok.vocab_size, dtype=bool)
+    eng.mask_into(config_of([1, 2, 0, state]), out)
+    return out
+
+
 REGEXES = [
     r'\{"name": "[^"\\]{0,40}", "age": [0-9]{1,3}, "bio": "([^"\\]|\\.)*"\}',
     r"[-+]?[0-9]+[ \n]*",
     r"(yes|no|maybe)",
     r"[a-z ]{3,12}\.",
     r"(\w+@\w+\.com)",
+    r"(?:[^\x00-\x1f]|\\n){0,24}!",  # counted runs: subtrees allowed whole up to the count
 ]
 
 
 @pytest.mark.parametrize("regex", REGEXES)
-def test_trie_walk_equals_numpy_walk_on_every_state(real_tok: TokenizerInfo, regex: str) -> None:
-    c = compile_tables("regex", regex, real_tok, use_cache=False)
+def test_native_walk_equals_numpy_walk_on_every_state(real_tok: TokenizerInfo, regex: str) -> None:
+    eng, trans = _engine(regex, real_tok)
     w = VocabWalker.of(real_tok)
-    trie = TokenTrie.of(real_tok)
-    assert trie is not None and w.trie is trie
     nonempty = 0
-    for s in range(c.num_states):
-        a = w.allowed_numpy(c.trans, s)
-        b = trie.allowed(c.trans, s)
+    for s in range(trans.shape[0]):
+        a = w.allowed(trans, s)
+        b = _mask(eng, real_tok, s)
         assert np.array_equal(a, b), (regex, s, np.nonzero(a != b)[0][:10])
         nonempty += bool(b.any())
     assert nonempty > 0
@@ -60,25 +79,39 @@ def test_small_vocabulary_with_duplicates_prefixes_and_specials() -> None:
     # ids: 0 eos, 1 special (None), two ids share "ab", "a" is a prefix of "ab" / "abc", "" is dropped
     tokens = ["</s>", None, "a", "ab", "ab", "abc", "b", "ba", "c", "cab", "", "bb"]
     tok = TokenizerInfo.from_tokens(tokens, kind="raw", special_ids=[0], eos_token_ids=[0])
-    c = compile_tables("regex", r"(ab|ba)*c?", tok, use_cache=False)
-    trie = TokenTrie.of(tok)
-    assert trie is not None
-    for s in range(c.num_states):
-        got = trie.allowed(c.trans, s)
-        assert np.array_equal(got, _brute(tok, c.trans, s)), s
-    start = trie.allowed(c.trans, c.initial)
+    eng, trans = _engine(r"(ab|ba)*c?", tok)
+    for s in range(trans.shape[0]):
+        assert np.array_equal(_mask(eng, tok, s), _brute(tok, trans, s)), s
+    start = _mask(eng, tok, 0)
     assert set(np.nonzero(start)[0].tolist()) == {2, 3, 4, 5, 6, 7, 8}  # not "cab", "bb", eos, specials
 
 
-def test_without_a_compiler_the_numpy_walk_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_subtree_tables(real_tok: TokenizerInfo) -> None:
+    """Every node's byte set and height cover exactly its subtree (what lets a walk
+    allow a subtree at once)."""
+    t = TokenTrie.of(real_tok)
+    depth = (t.node >> 8) & 0xFFFF
+    rng = np.random.default_rng(0)
+    for i in rng.choice(t.num_nodes, 300, replace=False).tolist() + [0]:
+        sub = range(i, int(t.next[i]))
+        bits = [0, 0, 0, 0]
+        for j in sub:
+            b = int(t.node[j] & 0xFF)
+            bits[b >> 6] |= 1 << (b & 63)
+        assert [int(x) for x in t.sub_bytes[i]] == bits, i
+        assert int(t.height[i]) == max(int(depth[j]) for j in sub) - int(depth[i]) + 1, i
+
+
+def test_without_a_compiler_the_numpy_backend_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     tok = TokenizerInfo.from_tokens(["</s>", "x", "xy"], kind="raw", special_ids=[0], eos_token_ids=[0])
-    token_trie._lib.clear()
+    binding._lib.clear()
     try:
         monkeypatch.setenv("CC", "/nonexistent/cc")  # a compiler that cannot run: no library
-        assert TokenTrie.of(tok) is None
-        w = VocabWalker(tok)
-        c = compile_tables("regex", r"xy?", tok, use_cache=False)
-        assert w.trie is None
-        assert w.allowed(c.trans, c.initial).tolist() == [False, True, True]
+        monkeypatch.setenv("SGL_CACHE_DIR", "/nonexistent-cache-dir")  # no library built earlier
+        monkeypatch.setenv("SGL_GRAMMAR_DISK_CACHE", "0")
+        assert not binding.available() and registry.regex_backend() == "lazy"
+        c = registry.compile_tables("regex", r"xy?", tok, use_cache=False)
+        assert isinstance(c, CompiledLazyRegex)
+        assert c.new_matcher().allowed_token_ids() == [1, 2]
     finally:
-        token_trie._lib.clear()
+        binding._lib.clear()

@@ -286,10 +286,13 @@ class Settings(SharedOptions):
                                       "(outlines-core: regex / json_schema / choices only) or xgrammar (the xgrammar "
                                       "package, if installed; SGLang's default engine, not ours)",
                               ("ours", "llguidance", "outlines", "xgrammar"))
-    regex_backend: str = _f("lazy", "regex / JSON Schema backend: lazy (byte DFA, masks per state on demand) or "
-                                    "outlines (a full outlines-core index at compile)", ("lazy", "outlines"))
-    lazy_dfa: str = _f("rust", "byte-DFA builder of the lazy backend: rust (regex-automata via outlines-core) or "
-                               "interegular (pure Python, slower)", ("rust", "interegular"))
+    regex_backend: str = _f("native", "regex / JSON Schema / CFG backend: native (C engine: DFA states built as "
+                                      "texts reach them, masks by a byte-trie walk; lazy where no C compiler), "
+                                      "lazy (byte DFAs and masks in numpy) or outlines (a full outlines-core "
+                                      "index at compile)", ("native", "lazy", "outlines"))
+    lazy_dfa: str = _f("native", "byte-DFA builder of the lazy backend: native (C, falling back to rust for syntax "
+                                 "it does not read), rust (regex-automata via outlines-core) or interegular "
+                                 "(pure Python, slower)", ("native", "rust", "interegular"))
     constrained_json_whitespace_pattern: str | None = _f(
         None, "regex for the whitespace a JSON Schema constraint allows between JSON tokens and before the value "
               "(SGLang's flag; ours and outlines: default one optional space, [ ]?, which measured best for "

@@ -1,4 +1,10 @@
-"""Regex -> dense byte-level DFA, for walking token bytes through lexer terminals.
+"""ByteDFA, the table every regex builder produces, its trim, and the interegular builder.
+
+`trim` keeps the states reachable from the start that can still reach acceptance, so
+"alive after a byte" means "a match is still reachable" for every matcher.
+
+The interegular builder (regex -> dense byte-level DFA, for walking token bytes through
+lexer terminals):
 
 interegular gives a character-level FSM whose alphabet has an `anything_else` class.
 Tokens are bytes and may split a UTF-8 character, so we expand it to bytes: a byte
@@ -16,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .base import GrammarError
 
 
 def _utf8_len(lead: int) -> int:
@@ -133,3 +141,60 @@ def fsm_to_byte_dfa(fsm: Any) -> ByteDFA:
                 if live[j]:
                     trans[i, b] = j
     return ByteDFA(trans, accept, 0)
+
+
+def trim(trans: np.ndarray, accept: np.ndarray, initial: int) -> ByteDFA:
+    """Keep states reachable from `initial` that can reach acceptance; start becomes 0."""
+    n = trans.shape[0]
+    live = coreachable(trans, accept)
+    if not live[initial]:
+        raise GrammarError("regex: matches nothing")
+    t = np.where((trans >= 0) & live[np.maximum(trans, 0)], trans, -1)
+    # Reachable from the start, numbered in breadth-first order (the start is 0).
+    new = np.full(n, -1, dtype=np.int64)
+    new[initial] = 0
+    seen = [np.array([initial])]
+    count = 1
+    frontier = seen[0]
+    while frontier.size:
+        nxt = t[frontier]
+        nxt = nxt[nxt >= 0]
+        _, first = np.unique(nxt, return_index=True)
+        nxt = nxt[np.sort(first)]  # first-seen order, deterministic
+        nxt = nxt[new[nxt] < 0]
+        new[nxt] = np.arange(count, count + nxt.size)
+        count += nxt.size
+        seen.append(nxt)
+        frontier = nxt
+    keep = np.concatenate(seen)
+    sub = t[keep]
+    out = np.where(sub >= 0, new[np.maximum(sub, 0)], -1).astype(np.int32)
+    return ByteDFA(out, accept[keep].copy(), 0)
+
+
+def coreachable(trans: np.ndarray, goal: np.ndarray) -> np.ndarray:
+    """Bool [S]: states from which some byte path reaches a `goal` state."""
+    n = trans.shape[0]
+    src, byte = np.nonzero(trans >= 0)
+    dst = trans[src, byte].astype(np.int64)
+    # Frontier by frontier over reversed edges from the goal states.
+    live = goal.copy()
+    frontier = np.nonzero(goal)[0]
+    order = np.argsort(dst, kind="stable")
+    rsrc, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
+    while frontier.size:
+        lo, hi = starts[frontier], starts[frontier + 1]
+        preds = rsrc[_ranges(lo, hi)]
+        preds = np.unique(preds[~live[preds]])
+        live[preds] = True
+        frontier = preds
+    return live
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(lo[i], hi[i]) for all i, without a Python loop."""
+    lens = hi - lo
+    if not lens.sum():
+        return np.zeros(0, dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    return np.arange(int(lens.sum())) + np.repeat(lo - base, lens)

@@ -33,6 +33,7 @@ import numpy as np
 
 from .base import GrammarError
 from .byte_dfa import ByteDFA
+from .dfa_ops import drop_empty
 from .cfg_rewrite import Call, CfgRewriter, Raw
 from .gbnf import Alt, AnyChar, Cls, Lit, Ref, Rep, Seq
 from .json_schema._regex import (MAX_CODEPOINT, ReservedCodePoint, call_marker, char_class,
@@ -112,20 +113,6 @@ def _complement(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
     return out
 
 
-def drop_empty(dfa: ByteDFA) -> ByteDFA:
-    """The same DFA without the empty match: a non-accepting start state, with a copy
-    of the old start (accepting) taking every transition that led back to it."""
-    if not dfa.accept[dfa.initial]:
-        return dfa
-    assert dfa.initial == 0
-    trans = np.vstack([dfa.trans, dfa.trans[0:1]]).astype(np.int32)
-    new = trans.shape[0] - 1
-    trans[trans == 0] = new
-    accept = np.append(dfa.accept, True)
-    accept[0] = False
-    return ByteDFA(trans, accept, 0)
-
-
 def build_cfg_tables(root: str, subs: list[str], build: Callable[[str], ByteDFA],
                      kind: str) -> PushdownTables:
     """All machines at once (machine 0 = root, k+1 = subs[k]), pruned together."""
@@ -200,8 +187,14 @@ def _closed_under_concat(mach: Any, r: int) -> bool:
 
 
 def compile_cfg(rules: dict[str, Any], tok: TokenizerInfo, kind: str,
-                build: Callable[[str], ByteDFA], root: str = "root") -> CompiledCfg:
-    """Rules (gbnf syntax tree, name -> body) -> compiled pushdown tables for `tok`."""
+                build: Callable[[str], ByteDFA], root: str = "root", native: bool = False) -> Any:
+    """Rules (gbnf syntax tree, name -> body) -> compiled machines for `tok`: on the
+    native engine (`native`; `build` only for regexes its parser does not read), else
+    whole DFAs from `build` on the numpy pushdown."""
     rw = CfgRewriter(rules, kind, root)
     root_rx, subs = rules_to_regexes(rw)
+    if native:
+        from .native.compiled import from_cfg
+
+        return from_cfg(root_rx, subs, tok, kind, build)
     return CompiledCfg(build_cfg_tables(root_rx, subs, build, kind), tok, kind)

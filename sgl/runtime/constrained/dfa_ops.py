@@ -1,10 +1,10 @@
-"""Operations on trimmed byte DFAs (byte_dfa.ByteDFA): for now, intersection.
+"""Operations on trimmed byte DFAs (byte_dfa.ByteDFA): intersection, and dropping the empty match.
 
 A JSON value that must match several regexes at once (a string with a pattern and a
 length bound, or a pattern and a format) cannot be spelled as one regex without
 blowing up, but the product of the parts' DFAs is cheap when only the reachable pairs
 of states are built. Parts are multiplied two at a time (a pair fits one int64 key);
-each product is trimmed like every DFA we build (dfa_build.trim: reachable from the
+each product is trimmed like every DFA we build (byte_dfa.trim: reachable from the
 start, co-reachable to acceptance, start at 0), so "alive" keeps meaning "a match is
 still reachable", and the next product starts from the smallest possible table.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from .base import GrammarError
 from .byte_dfa import ByteDFA
-from .dfa_build import trim
+from .byte_dfa import trim
 
 
 def intersect(dfas: Sequence[ByteDFA]) -> ByteDFA:
@@ -75,3 +75,17 @@ def _product(a: ByteDFA, b: ByteDFA) -> ByteDFA:
     if not accept.any():
         raise GrammarError("regex: matches nothing")
     return trim(trans, accept, 0)
+
+
+def drop_empty(dfa: ByteDFA) -> ByteDFA:
+    """The same DFA without the empty match: a non-accepting start state, with a copy
+    of the old start (accepting) taking every transition that led back to it."""
+    if not dfa.accept[dfa.initial]:
+        return dfa
+    assert dfa.initial == 0
+    trans = np.vstack([dfa.trans, dfa.trans[0:1]]).astype(np.int32)
+    new = trans.shape[0] - 1
+    trans[trans == 0] = new
+    accept = np.append(dfa.accept, True)
+    accept[0] = False
+    return ByteDFA(trans, accept, 0)

@@ -1,15 +1,13 @@
-"""Regex-family grammars (regex, JSON Schema, choices) with token masks computed lazily.
+"""Regex-family grammars on numpy: the backend where no C compiler builds the native engine.
 
-Compiling is regex -> trimmed byte-level DFA only (dfa_build.py); nothing is computed
-per vocabulary token up front, so a schema whose DFA has thousands of states compiles
-in milliseconds, where a full outlines-core Index costs ~1-2 ms per state. A state's
-mask is computed the first time a request stands in it: the vocabulary's byte trie is
-walked against the DFA in C (token_trie.py; where no C compiler is present, every
-token's bytes are walked at once with numpy, `VocabWalker`), a token is allowed iff it
-is still alive after its last byte (the DFA is trimmed, so alive = a match is still
-reachable), and EOS iff the state accepts. Masks are cached per state (bit-packed, LRU bounded) in
-`CompiledLazyRegex`, shared by all matchers; `LazyRegexGrammar` is one request's
-position (a stack of states, so rollback is a pop). Same interface as RegexGrammar.
+Compiling is regex -> trimmed byte-level DFA only (dfa_build.py). A state's mask is
+computed the first time a request stands in it: every token's bytes are walked at once
+with numpy (`VocabWalker`), a token is allowed iff it is still alive after its last
+byte (the DFA is trimmed, so alive = a match is still reachable), and EOS iff the state
+accepts. Masks are cached per state (bit-packed, LRU bounded) in `CompiledLazyRegex`,
+shared by all matchers; `LazyRegexGrammar` is one request's position (a stack of
+states, so rollback is a pop). Same interface as the native engine's grammars
+(native/compiled.py), which the registry uses wherever the C library builds.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from .base import GrammarError
 from .state_stack import TERMINATED, StateStackGrammar
 from .byte_dfa import ByteDFA
 from .masks import or_into
-from .token_trie import TokenTrie
 from .vocab import TokenizerInfo
 
 _MAX_FORCED_BYTES = 1024
@@ -40,7 +37,6 @@ class VocabWalker:
     """
 
     def __init__(self, tok: TokenizerInfo) -> None:
-        self.trie = TokenTrie.of(tok)
         ids, lens, mat = tok.byte_table()
         self.ids, self.lens, self.mat = ids, lens, mat
         width = mat.shape[1]
@@ -54,11 +50,6 @@ class VocabWalker:
 
     def allowed(self, trans: np.ndarray, state: int) -> np.ndarray:
         """Bool [vocab_size]: tokens whose bytes all have live transitions from `state`."""
-        if self.trie is not None:
-            return self.trie.allowed(trans, state)
-        return self.allowed_numpy(trans, state)
-
-    def allowed_numpy(self, trans: np.ndarray, state: int) -> np.ndarray:
         out = np.zeros(self.vocab_size, dtype=bool)
         nxt = trans[state][self.first]
         act = np.nonzero(nxt >= 0)[0]
@@ -100,6 +91,8 @@ class CompiledLazyRegex:
     @property
     def num_states(self) -> int:
         return int(self.accept.size)
+
+    num_machines = 1
 
     def new_matcher(self) -> "LazyRegexGrammar":
         return LazyRegexGrammar(self)

@@ -69,6 +69,10 @@ class CompiledPushdown:
     def num_states(self) -> int:
         return self.tables.num_states
 
+    @property
+    def num_machines(self) -> int:
+        return len(self.machines)
+
     def new_matcher(self) -> "PushdownGrammar":
         return PushdownGrammar(self)
 
@@ -330,6 +334,10 @@ class PushdownGrammar:
 
     def num_accepted(self) -> int:
         return len(self.history) - 1
+
+    def stacks(self) -> list[tuple[int, ...]]:
+        """The configuration's stacks, bottom frame first: (m0, s0, ..., m, s) each."""
+        return [] if self.config is _TERMINATED else sorted(self.config)
 
     def copy(self) -> "PushdownGrammar":
         return PushdownGrammar(self.compiled)

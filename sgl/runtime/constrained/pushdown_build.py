@@ -26,7 +26,7 @@ import numpy as np
 
 from .base import GrammarError
 from .byte_dfa import ByteDFA
-from .dfa_build import coreachable
+from .byte_dfa import coreachable
 from .json_schema.machines import _MARKER, Intersect, Sub, sub_texts
 from .json_schema._regex import RESERVED_BASE
 

@@ -2,18 +2,20 @@
 
 `compile_grammar(kind, spec, tok)` is the one entry point the scheduler and the public
 matcher use. Kinds: "regex", "json_schema", "choices" (regex family), "ebnf" (GBNF) and
-"lark". The regex family runs on the lazy backend (lazy_regex.py: byte DFA, masks per
-state on demand) unless the regex_backend setting (SGL_REGEX_BACKEND=outlines) asks for a
-full outlines-core Index. A json_schema whose conversion needs sub-machines (recursive
-$refs, free-form values, very large subschemas) runs on the pushdown backend
-(pushdown.py: byte DFAs with call edges, each DFA disk-cached like a lazy regex's,
-sub-machines built on first use); one that fits a single regex stays on the lazy backend.
-GBNF takes the general CFG route (cfg_machines.py: any context-free grammar as pushdown
-machines); Lark takes our LALR(1) engine (lark_grammar.py) and, when Lark reports an
-LALR conflict, the general route (cfg_lark.py). Compiled tables are cached in memory
-(LRU) and, for the regex family and CFG machines, on disk (the byte DFAs, or the Index);
-every call returns a new matcher at the start state sharing the tables. Backends are
-imported lazily so that a server that never sees a CFG never imports lark.
+"lark". By default (regex_backend "native") the regex family, JSON Schema machines and
+general CFGs run on the native engine (native/: regex text parsed to NFAs in C, DFA
+states built the first time a text reaches them, masks by walking the vocabulary's
+byte trie; compile is the parse). A json_schema whose conversion needs sub-machines
+(recursive $refs, free-form values, very large subschemas) becomes a pushdown of
+machines calling each other; GBNF takes the general CFG route (cfg_machines.py: any
+context-free grammar as such machines); Lark takes our LALR(1) engine (lark_grammar.py)
+and, when Lark reports an LALR conflict, the general route (cfg_lark.py). Where no C
+compiler builds the engine, or with SGL_REGEX_BACKEND=lazy, the numpy backends do the
+same work (lazy_regex.py, pushdown.py: whole byte DFAs at compile, disk-cached);
+SGL_REGEX_BACKEND=outlines asks for a full outlines-core Index. Compiled grammars are
+cached in memory (LRU); every call returns a new matcher at the start state sharing
+them. Backends are imported lazily so that a server that never sees a CFG never imports
+lark.
 
 The grammar_backend setting (--grammar-backend, SGLang's flag) swaps the whole engine:
 "ours" (the above, default), "llguidance" (llg.py), "xgrammar" (xgr.py, if installed)
@@ -80,10 +82,17 @@ def normalize_spec(kind: str, spec: Any) -> str:
 
 
 def regex_backend() -> str:
-    """"lazy" (default) or "outlines", the regex_backend setting (SGL_REGEX_BACKEND);
-    "outlines" too when the whole grammar backend is outlines."""
+    """"native" (default), "lazy" or "outlines", the regex_backend setting
+    (SGL_REGEX_BACKEND); "outlines" when the whole grammar backend is outlines, "lazy"
+    for "native" where the C library does not build."""
     s = _settings()
-    return "outlines" if s.grammar_backend == "outlines" else s.regex_backend
+    if s.grammar_backend == "outlines":
+        return "outlines"
+    if s.regex_backend == "native":
+        from .native.binding import available
+
+        return "native" if available() else "lazy"
+    return s.regex_backend
 
 
 def grammar_backend() -> str:
@@ -108,7 +117,7 @@ def _our_json_whitespace() -> str:
 def _memory_key(kind: str, spec_s: str, tok: TokenizerInfo) -> str:
     # The backends are part of the key so flipping a backend never serves another's tables,
     # and so is the JSON whitespace setting.
-    tag = f"{kind}@{regex_backend()}" if kind in _INDEX_KINDS else kind
+    tag = f"{kind}@{regex_backend()}"
     if kind == "json_schema":
         tag += f"/ws={json_whitespace()!r}"
     return cache_key(f"{tag}/{grammar_backend()}", spec_s, tok.hash)
@@ -153,7 +162,7 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         # The disk entry is keyed by the final regex, not the spec: converting is cheap,
         # and a changed converter must never be served an index built by the old one.
         disk = _disk() if use_disk else None
-        if kind == "json_schema" and regex_backend() == "lazy":
+        if kind == "json_schema" and regex_backend() != "outlines":
             machines = _schema_machines(spec, _our_json_whitespace())
             if machines.subs:  # recursion, free-form values or size: the pushdown backend
                 return _build_pushdown(machines, tok, kind, disk)
@@ -164,7 +173,7 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
             regex = choices_to_regex(json.loads(spec))
         else:
             regex = json_schema_to_regex(spec, _our_json_whitespace(), leading=True)
-        if regex_backend() == "lazy":
+        if regex_backend() != "outlines":
             return _build_lazy(regex, tok, kind, disk)
         disk_key = cache_key("regex", regex, tok.hash)
         index = disk.get(disk_key) if disk is not None else None
@@ -178,7 +187,8 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         from .cfg_machines import compile_cfg
         from .gbnf import parse_gbnf
 
-        return compile_cfg(parse_gbnf(spec), tok, kind, lambda rx: _cached_dfa(rx, kind, disk))
+        return compile_cfg(parse_gbnf(spec), tok, kind, lambda rx: _cached_dfa(rx, kind, disk),
+                           native=regex_backend() == "native")
     return _build_lark(spec, tok, disk)
 
 
@@ -192,7 +202,8 @@ def _build_lark(spec: str, tok: TokenizerInfo, disk: DiskCache | None) -> Any:
     from .cfg_lark import ROOT, lark_rules
     from .cfg_machines import compile_cfg
 
-    return compile_cfg(lark_rules(spec), tok, "lark", lambda rx: _cached_dfa(rx, "lark", disk), root=ROOT)
+    return compile_cfg(lark_rules(spec), tok, "lark", lambda rx: _cached_dfa(rx, "lark", disk), root=ROOT,
+                       native=regex_backend() == "native")
 
 
 def _lalr_conflict(spec: str) -> bool:
@@ -212,6 +223,10 @@ def _lalr_conflict(spec: str) -> bool:
 
 
 def _build_lazy(regex: str, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
+    if regex_backend() == "native":
+        from .native.compiled import from_regex
+
+        return from_regex(regex, tok, kind, lambda rx: _cached_dfa(rx, kind, disk))
     from .lazy_regex import CompiledLazyRegex
 
     return CompiledLazyRegex(_cached_dfa(regex, kind, disk), tok, kind)
@@ -247,8 +262,13 @@ def _schema_machines(spec: str, whitespace: str) -> Any:
 
 
 def _build_pushdown(machines: Any, tok: TokenizerInfo, kind: str, disk: DiskCache | None) -> Any:
-    """Machine regexes -> byte DFAs (each disk-cached like a lazy regex's; an Intersect
-    sub's product DFA cached under its parts) -> pushdown."""
+    """Machine regexes -> the native engine's machines; or (numpy backend) byte DFAs
+    (each disk-cached like a lazy regex's; an Intersect sub's product DFA cached under
+    its parts) -> pushdown."""
+    if regex_backend() == "native":
+        from .native.compiled import from_machines
+
+        return from_machines(machines.root, machines.subs, tok, kind, lambda rx: _cached_dfa(rx, kind, disk))
     from . import dfa_build
     from .byte_dfa import ByteDFA
     from .pushdown import CompiledPushdown

@@ -1,43 +1,27 @@
-"""The vocabulary as a byte trie, walked against a byte DFA in C (trie_walk.c) for masks.
+"""The vocabulary as a byte trie, the table the native grammar engine walks for masks.
 
 `TokenTrie.of(tok)` builds the trie once per tokenizer (memoized on it): the distinct
 byte strings of the usable tokens (EOS and empty ones left out, as VocabWalker does)
 sorted, their prefixes as nodes in preorder with byte, depth and the end of each subtree,
-and the token ids ending at each node (several ids may share bytes). `allowed(trans,
-state)` gives the same bool mask as VocabWalker.allowed: a token is allowed iff every
-one of its bytes has a live transition. Where the C library cannot be built, `of`
-returns None and callers keep the numpy walk.
+and the token ids ending at each node (several ids may share bytes), and the set of bytes
+in each node's subtree (a walk standing in a state that every one of them loops on
+allows the whole subtree at once: most of a JSON string body's tokens). One word per node:
+byte | depth << 8 | 1 << 24 where tokens end (native/pushdown_walk.c reads only it and
+`next` in its hot loop). A walk steps each node once from its parent's state and skips
+the whole subtree of a node whose step dies, so a mask costs the live part of the trie.
 """
 
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
-
 import numpy as np
-
-from sgl.runtime.native.build import build_library
 
 from .vocab import TokenizerInfo
 
-_SRC = Path(__file__).with_name("trie_walk.c")
-_lib: list[ctypes.CDLL | None] = []
-_P = ctypes.c_void_p
-_MAX_DEPTH = 0xFFFF  # depth bits of a node word (trie_walk.c)
-
-
-def _library() -> ctypes.CDLL | None:
-    if not _lib:
-        lib = build_library("trie_walk", [_SRC])
-        if lib is not None:
-            lib.sgl_trie_walk.restype = ctypes.c_int64
-            lib.sgl_trie_walk.argtypes = [_P, ctypes.c_int32, _P, _P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P]
-        _lib.append(lib)
-    return _lib[0]
+_MAX_DEPTH = 0xFFFF  # depth bits of a node word
 
 
 class TokenTrie:
-    def __init__(self, tok: TokenizerInfo, lib: ctypes.CDLL) -> None:
+    def __init__(self, tok: TokenizerInfo) -> None:
         eos = set(tok.eos_token_ids)
         by_bytes: dict[bytes, list[int]] = {}
         for i, b in enumerate(tok.token_bytes):
@@ -63,38 +47,42 @@ class TokenTrie:
             prev = s
         n = len(byte)
         nxt = np.full(n, n, dtype=np.int32)
+        parent = np.full(n, -1, dtype=np.int64)
         stack: list[int] = []  # open nodes, depths strictly increasing
         for i, d in enumerate(depth):
             while stack and depth[stack[-1]] >= d:
                 nxt[stack.pop()] = i
+            if stack:
+                parent[i] = stack[-1]
             stack.append(i)
         if max(depth, default=0) > _MAX_DEPTH:
             raise ValueError(f"a vocabulary token is longer than {_MAX_DEPTH} bytes")
-        # One word per node (trie_walk.c): byte | depth << 8 | 1 << 24 where tokens end.
         self.node = (np.array(byte, dtype=np.uint32) | np.array(depth, dtype=np.uint32) << 8
                      | (np.array(tok_count) > 0).astype(np.uint32) << 24)
         self.next = nxt
         self.tok_start = np.concatenate([[0], np.cumsum(tok_count)]).astype(np.int32)
         self.tok_ids = np.array(tok_ids, dtype=np.int32)
+        self.sub_bytes, self.height = _subtrees(np.array(byte, dtype=np.int64), np.array(depth), parent)
         self.vocab_size = tok.vocab_size
         self.num_nodes = n
         self.max_depth = max(depth, default=0)
-        self._lib = lib
 
     @staticmethod
-    def of(tok: TokenizerInfo) -> "TokenTrie | None":
-        def build() -> "TokenTrie | None":
-            lib = _library()
-            return TokenTrie(tok, lib) if lib is not None else None
+    def of(tok: TokenizerInfo) -> "TokenTrie":
+        return tok.memo("token_trie", lambda: TokenTrie(tok))
 
-        return tok.memo("token_trie", build)
 
-    def allowed(self, trans: np.ndarray, state: int) -> np.ndarray:
-        """Bool [vocab_size]: tokens whose bytes all have live transitions from `state`."""
-        if trans.dtype != np.int32 or not trans.flags.c_contiguous or trans.shape[1] != 256:
-            trans = np.ascontiguousarray(trans, dtype=np.int32)
-        out = np.zeros(self.vocab_size, dtype=bool)
-        self._lib.sgl_trie_walk(trans.ctypes.data, int(state), self.node.ctypes.data, self.next.ctypes.data,
-                                self.tok_start.ctypes.data, self.tok_ids.ctypes.data, self.num_nodes, self.max_depth,
-                                out.ctypes.data)
-        return out
+def _subtrees(byte: np.ndarray, depth: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node: the bytes of its subtree as a 256-bit set, itself included (uint64 [n, 4]),
+    and the subtree's height (int32, a leaf: 1); children folded into parents, deepest
+    level first."""
+    n = byte.size
+    bits = np.zeros((n, 4), dtype=np.uint64)
+    bits[np.arange(n), byte >> 6] = np.left_shift(np.uint64(1), (byte & 63).astype(np.uint64))
+    height = np.ones(n, dtype=np.int32)
+    for d in range(int(depth.max(initial=0)), 1, -1):
+        idx = np.nonzero(depth == d)[0]
+        for w in range(4):
+            np.bitwise_or.at(bits[:, w], parent[idx], bits[idx, w])
+        np.maximum.at(height, parent[idx], height[idx] + 1)
+    return bits, height

@@ -1,4 +1,4 @@
-"""dfa_build probes UTF-8 lead bytes by class when the regex cannot tell class members
+"""dfa_rust probes UTF-8 lead bytes by class when the regex cannot tell class members
 apart; the DFA it builds must be identical to probing every lead byte."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sgl.runtime.constrained import dfa_build as D
+from sgl.runtime.constrained import dfa_rust as D
 from sgl.runtime.constrained.json_schema import schema_to_regex
 
 
