@@ -91,10 +91,8 @@ def group(frag: str) -> str:
 
 
 def alt(frags: Iterable[Frag]) -> Frag:
-    kept: list[str] = []
-    for f in frags:
-        if f is not None and f not in kept:
-            kept.append(f)
+    # First occurrences in order; a dict keeps long enums linear (a list scan was quadratic).
+    kept = [f for f in dict.fromkeys(frags) if f is not None]
     if not kept:
         return NEVER
     if len(kept) == 1:
