@@ -11,7 +11,7 @@ they would let a constrained string smuggle in characters the set excludes.
 from __future__ import annotations
 
 from ._regex import MAX_CODEPOINT, Frag, NEVER, alt, char_class
-from .memo import memo
+from .memo import memo, memo_small
 
 Ranges = list[tuple[int, int]]
 
@@ -60,7 +60,7 @@ def encode_set(ranges: Ranges) -> Frag:
 
 # Memoized: key tries and patterns spell the same few hundred sets thousands of times
 # (one Kubernetes schema: ~8k key characters and ~4k trie exits, ~400 distinct sets).
-@memo(1 << 14)
+@memo(1 << 21, lambda ranges, out: 8 * len(ranges) + len(out or ""))
 def _encode_set(ranges: tuple[tuple[int, int], ...]) -> Frag:
     raw = intersect(ranges, [(0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_CODEPOINT)])
     parts: list[Frag] = [char_class(raw)]
@@ -84,7 +84,7 @@ def encode_literal(text: str) -> str:
     return "".join(map(_encode_char, text))
 
 
-@memo(1 << 12)
+@memo_small(1 << 12)
 def _encode_char(ch: str) -> str:
     frag = _encode_set(((ord(ch), ord(ch)),))
     assert frag is not None

@@ -22,8 +22,8 @@ from .memo import Table, memo
 # Characters that never label a trie edge when every name is plain: exits from every node.
 _WIDE = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, MAX_CODEPOINT)]
 
-_KEYS = Table(256)  # sorted distinct names -> key regex
-_NODES = Table(1 << 14)  # (suffixes below a node, plain) -> (ends, exits, prefixes)
+_KEYS = Table(1 << 22)  # sorted distinct names -> key regex
+_NODES = Table(1 << 22)  # (suffixes below a node, plain) -> (ends, exits, prefixes)
 
 
 def key_not_in(names: list[str]) -> str:
@@ -39,7 +39,8 @@ def key_not_in(names: list[str]) -> str:
     if plain:
         parts.append(group(prefixes or "") + encode_set(_WIDE) + tail)
     body = alt(parts)
-    return _KEYS.put(suffixes, '"' + (body or "") + '"')
+    out = '"' + (body or "") + '"'
+    return _KEYS.put(suffixes, out, _chars(suffixes) + len(out))
 
 
 def _walk(suffixes: tuple[str, ...], plain: bool) -> tuple[Frag, Frag, Frag]:
@@ -56,7 +57,7 @@ def _walk(suffixes: tuple[str, ...], plain: bool) -> tuple[Frag, Frag, Frag]:
         if s:
             kids.setdefault(s[0], []).append(s[1:])
     ends: list[Frag] = [] if suffixes and suffixes[0] == "" else [""]
-    exits: list[Frag] = [_exit_set(tuple(kids), plain)]
+    exits: list[Frag] = [_exit_set((tuple(kids), plain))]
     prefixes: list[Frag] = [""]
     for k, rest in kids.items():
         e, x, p = _walk(tuple(rest), plain)
@@ -64,12 +65,18 @@ def _walk(suffixes: tuple[str, ...], plain: bool) -> tuple[Frag, Frag, Frag]:
         ends.append(None if e is None else lit + e)
         exits.append(None if x is None else lit + x)
         prefixes.append(lit + (p or ""))
-    return _NODES.put(key, (alt(ends), alt(exits), alt(prefixes)))
+    out = (alt(ends), alt(exits), alt(prefixes))
+    return _NODES.put(key, out, _chars(suffixes) + _chars(out))
 
 
-@memo(4096)
-def _exit_set(kids: tuple[str, ...], plain: bool) -> Frag:
+@memo(1 << 21, lambda key, out: len(key[0]) + len(out or ""))
+def _exit_set(key: tuple[tuple[str, ...], bool]) -> Frag:
     """One character leaving a trie node whose edges are `kids` (printable ASCII only
     when `plain`: the wide characters leave from the shared tail instead)."""
+    kids, plain = key
     narrow = [(0x20, 0x7E)] if plain else [(0, MAX_CODEPOINT)]
     return encode_set(intersect(narrow, complement([(ord(k), ord(k)) for k in kids])))
+
+
+def _chars(texts: tuple[Frag, ...]) -> int:
+    return sum(len(t) for t in texts if t is not None)

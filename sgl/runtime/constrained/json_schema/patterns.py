@@ -146,7 +146,7 @@ def _pieces(items: list, start: bool, end: bool) -> list[tuple[Frag, int, int | 
 
 # Memoized (a pure function of the pattern): schemas repeat the same patterns across
 # properties and $defs, and the server converts many schemas in one process.
-@memo(4096)
+@memo(1 << 22, lambda pattern, out: len(pattern) + len(out[0] or ""))
 def translate(pattern: str) -> tuple[Frag, tuple[int, int | None]]:
     """Encoded body regex for strings `re.search(pattern, s)` accepts, and the (min,
     max) decoded length of what it accepts (max None = unbounded)."""
