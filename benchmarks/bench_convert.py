@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, print_table, write_json  # noqa: E402
-from maskbench import DATA, stratified_sample  # noqa: E402
+from maskbench import DATA, pct, stratified_sample  # noqa: E402
 
 from sgl.runtime.constrained.json_schema import Intersect, clear_memos, schema_to_machines  # noqa: E402
 from sgl.runtime.constrained.registry import DEFAULT_JSON_WHITESPACE  # noqa: E402
@@ -60,11 +60,6 @@ def _messages(caught: list[warnings.WarningMessage]) -> tuple[str, ...]:
     return tuple(str(w.message) for w in caught)
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
-
-
 def compare(outcomes: dict[str, Outcome], golden: dict[str, Outcome]) -> dict[str, Any]:
     same = [f for f in outcomes if golden.get(f) == outcomes[f]]
     changed = [f for f in outcomes if f in golden and golden[f] != outcomes[f]]
@@ -85,12 +80,14 @@ def main() -> None:
     ap.add_argument("--compare", help="pickle of outcomes to compare this run's against")
     args = ap.parse_args()
     files = stratified_sample(list(DATA.glob("*.json")), None if args.all else args.sample, args.seed)
-    schemas = {f.name: json.loads(f.read_text())["schema"] for f in files}
     convert_once({"type": "object", "properties": {"a": {"type": "string"}}})  # imports
     times: dict[str, float] = {}
     outcomes: dict[str, Outcome] = {}
     t_all = time.perf_counter()
-    for name, schema in schemas.items():
+    for f in files:
+        # Parsed just before it is converted (as the registry does): 11k schemas held
+        # at once would make every full garbage collection walk all of them.
+        name, schema = f.name, json.loads(f.read_text())["schema"]
         best = float("inf")
         for _ in range(args.repeat):
             dt, outcomes[name] = convert_once(schema, args.cold)
