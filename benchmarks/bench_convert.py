@@ -3,9 +3,11 @@
 Times `schema_to_machines` alone (the pure-Python converter, before any DFA is built)
 with the registry's options (its JSON whitespace, a leading one allowed), over the
 same stratified sample `maskbench.py` uses, and prints p50/p90/p99/max plus the
-slowest schemas. Each schema's time is the best of --repeat runs (the machine is shared).
-The converter memoizes pure helpers across schemas (json_schema/memo.py), as a server
-process does; `--cold` empties those tables before every conversion instead.
+slowest schemas. The converter memoizes pure helpers across schemas (json_schema/memo.py),
+as a server process does: by default each schema is converted once, in order, with the
+tables the schemas before it filled. `--cold` empties those tables before every
+conversion instead, and only then may `--repeat` take the best of several runs (the
+machine is shared; a warm repeat would hit what its own first run memoized).
 
 `--save PATH` pickles every outcome ({file name: ("ok", root, subs) or ("error",
 message)}, warnings included); `--compare PATH` checks this run's outcomes against such
@@ -13,6 +15,7 @@ a pickle and counts identical / changed ones, so a speed change to the converter
 prove it emits the same regexes.
 
   .venv/bin/python benchmarks/bench_convert.py --sample 2000
+  .venv/bin/python benchmarks/bench_convert.py --sample 2000 --cold --repeat 3
   .venv/bin/python benchmarks/bench_convert.py --all --save /tmp/convert-golden.pkl
   .venv/bin/python benchmarks/bench_convert.py --sample 2000 --compare /tmp/convert-golden.pkl
 """
@@ -72,13 +75,17 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=2000, help="stratified sample size")
     ap.add_argument("--all", action="store_true", help="every file")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=1, help="best of this many runs per schema")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="best of this many runs per schema (with --cold)")
     ap.add_argument("--cold", action="store_true",
                     help="empty the converter's memo tables before each conversion")
     ap.add_argument("--top", type=int, default=12, help="slowest schemas to list")
     ap.add_argument("--save", help="pickle every outcome here")
     ap.add_argument("--compare", help="pickle of outcomes to compare this run's against")
     args = ap.parse_args()
+    if args.repeat > 1 and not args.cold:
+        # A repeat would hit the memo entries its own first run made.
+        ap.error("--repeat above 1 needs --cold")
     files = stratified_sample(list(DATA.glob("*.json")), None if args.all else args.sample, args.seed)
     convert_once({"type": "object", "properties": {"a": {"type": "string"}}})  # imports
     times: dict[str, float] = {}
