@@ -24,6 +24,7 @@ from ._regex import ReservedCodePoint
 from .context import MAX_COUNT, MAX_REF_DEPTH, MAX_REGEX_CHARS, Context, UnsupportedSchemaError
 from .converter import convert
 from .machines import Intersect, MachineSpec, Machines, sub_texts
+from .memo import clear_memos
 
 
 def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
@@ -190,4 +191,4 @@ def _deref(s: Any, root: Any) -> Any:
 
 
 __all__ = ["schema_to_regex", "schema_to_machines", "MachineSpec", "Intersect", "canonical_json",
-           "UnsupportedSchemaError", "MAX_COUNT", "MAX_REF_DEPTH"]
+           "UnsupportedSchemaError", "MAX_COUNT", "MAX_REF_DEPTH", "clear_memos"]

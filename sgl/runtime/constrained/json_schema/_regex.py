@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, Optional
 
+from .memo import Table
+
 Frag = Optional[str]
 NEVER: Frag = None
 
@@ -62,12 +64,24 @@ def esc_char(cp: int) -> str:
     return "\\U%08x" % cp
 
 
+class _Spellings(Table):
+    """code point -> esc_char(code point), filled on first use: `str.translate` with it
+    spells a long enum in C instead of one Python call per character."""
+
+    def __missing__(self, cp: int) -> str:
+        out = esc_char(cp)
+        return self.put(cp, out, len(out))
+
+
+_SPELLINGS = _Spellings(1 << 21)
+
+
 def literal(text: str) -> str:
     """A regex matching exactly `text` (raw bytes of already-encoded JSON)."""
-    if any(ord(c) >= RESERVED_BASE for c in text):
+    if text and max(text) >= chr(RESERVED_BASE):
         # Spelled literally it would read as a call marker; no schema in practice uses these.
         raise ReservedCodePoint(text)
-    return "".join(esc_char(ord(c)) for c in text)
+    return text.translate(_SPELLINGS)
 
 
 class ReservedCodePoint(ValueError):
@@ -81,9 +95,13 @@ def call_marker(machine_id: int) -> str:
     return "\\U%08x" % (RESERVED_BASE + machine_id)
 
 
+# What json.dumps(value, separators=(",", ":"), ensure_ascii=False) builds per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def json_literal(value: object) -> str:
     """A regex matching the compact canonical JSON serialization of `value`."""
-    return literal(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    return literal(_COMPACT.encode(value))
 
 
 def group(frag: str) -> str:
@@ -91,10 +109,8 @@ def group(frag: str) -> str:
 
 
 def alt(frags: Iterable[Frag]) -> Frag:
-    kept: list[str] = []
-    for f in frags:
-        if f is not None and f not in kept:
-            kept.append(f)
+    # First occurrences in order; a dict keeps long enums linear (a list scan was quadratic).
+    kept = [f for f in dict.fromkeys(frags) if f is not None]
     if not kept:
         return NEVER
     if len(kept) == 1:

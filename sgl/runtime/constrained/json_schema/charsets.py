@@ -11,6 +11,7 @@ they would let a constrained string smuggle in characters the set excludes.
 from __future__ import annotations
 
 from ._regex import MAX_CODEPOINT, Frag, NEVER, alt, char_class
+from .memo import memo, memo_small
 
 Ranges = list[tuple[int, int]]
 
@@ -52,19 +53,25 @@ def intersect(a: Ranges, b: Ranges) -> Ranges:
     return normalize(out)
 
 
-def contains(ranges: Ranges, cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in ranges)
-
-
 def encode_set(ranges: Ranges) -> Frag:
     """Regex for one decoded character from `ranges`, spelled canonically in JSON."""
-    ranges = normalize(ranges)
+    return _encode_set(tuple(normalize(ranges)))
+
+
+# Memoized: key tries and patterns spell the same few hundred sets thousands of times
+# (one Kubernetes schema: ~8k key characters and ~4k trie exits, ~400 distinct sets).
+@memo(1 << 21, lambda ranges, out: 8 * len(ranges) + len(out or ""))
+def _encode_set(ranges: tuple[tuple[int, int], ...]) -> Frag:
     raw = intersect(ranges, [(0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_CODEPOINT)])
     parts: list[Frag] = [char_class(raw)]
-    for cp, spelled in _SHORT.items():
-        if contains(ranges, cp):
-            parts.append(spelled)
-    others = [cp for cp in _OTHER_CONTROLS if contains(ranges, cp)]
+    # Every code point spelled as an escape is below 0x5D; `ranges` is sorted.
+    low: set[int] = set()
+    for lo, hi in ranges:
+        if lo > 0x5C:
+            break
+        low.update(range(lo, min(hi, 0x5C) + 1))
+    parts += [spelled for cp, spelled in _SHORT.items() if cp in low]
+    others = [cp for cp in _OTHER_CONTROLS if cp in low]
     if len(others) == len(_OTHER_CONTROLS):
         parts.append(r"\\u00(?:0[0-7bef]|1[0-9a-f])")
     else:
@@ -74,9 +81,11 @@ def encode_set(ranges: Ranges) -> Frag:
 
 def encode_literal(text: str) -> str:
     """Regex for the canonical JSON spelling of the decoded string `text` (no quotes)."""
-    out = []
-    for ch in text:
-        frag = encode_set([(ord(ch), ord(ch))])
-        assert frag is not None
-        out.append(frag)
-    return "".join(out)
+    return "".join(map(_encode_char, text))
+
+
+@memo_small(1 << 12)
+def _encode_char(ch: str) -> str:
+    frag = _encode_set(((ord(ch), ord(ch)),))
+    assert frag is not None
+    return frag

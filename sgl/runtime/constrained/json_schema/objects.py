@@ -5,7 +5,7 @@ Commas go only between members. Once a required member is known to be written th
 list is linear; an all-optional list is spelled so that each member regex appears
 twice (four times past 32 members) and the first member written picks the branch.
 Additional members come last; their keys must differ from every declared name, which
-`key_not_in` spells as a trie complement over decoded characters.
+`keys.key_not_in` spells as a trie complement over decoded characters.
 """
 
 from __future__ import annotations
@@ -14,57 +14,15 @@ from typing import Any, Callable
 
 import jsonschema
 
-from ._regex import ANY_CHAR, MAX_CODEPOINT, STRING, Frag, NEVER, alt, group
-from .charsets import complement, encode_literal, encode_set, intersect
+from ._regex import STRING, Frag, NEVER, alt, group
+from .charsets import encode_literal
 from .combinators import merge
 from .context import Context
+from .keys import key_not_in
 from .machines import SPLIT_CHARS, Machines, shrink
 from .patterns import PatternUnsupported, translate
 
 Convert = Callable[[Any, Context], Frag]
-
-
-def key_not_in(names: list[str]) -> str:
-    """A JSON string (with quotes) whose decoded value is none of `names`.
-
-    Spelled as (paths ending at a non-name trie node) | (paths leaving the trie) + one
-    shared "rest of string" tail: outlines-core does not minimize its DFA, so a tail
-    copied per trie node would multiply the states it has to index. When every name is
-    printable ASCII without `"` or `\\`, a character outside that set leaves the trie
-    from any node; it is spelled once after a copy of the trie, so its multi-byte
-    UTF-8 and escape spellings cost DFA states once instead of once per trie node.
-    """
-    trie: dict = {}
-    for n in names:
-        node = trie
-        for ch in n:
-            node = node.setdefault(ch, {})
-        node["$end"] = True
-    plain = all(0x20 <= ord(ch) <= 0x7E and ch not in '"\\' for n in names for ch in n)
-    # Characters that never label a trie edge when `plain`: exits from every node.
-    wide = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, MAX_CODEPOINT)]
-    narrow = [(0x20, 0x7E)] if plain else [(0, MAX_CODEPOINT)]
-
-    def walk(node: dict) -> tuple[Frag, Frag, Frag]:
-        kids = sorted(k for k in node if k != "$end")
-        ends: list[Frag] = [] if node.get("$end") else [""]
-        exits: list[Frag] = [encode_set(intersect(narrow, complement([(ord(k), ord(k)) for k in kids])))]
-        prefixes: list[Frag] = [""]
-        for k in kids:
-            e, x, p = walk(node[k])
-            lit = encode_literal(k)
-            ends.append(None if e is None else lit + e)
-            exits.append(None if x is None else lit + x)
-            prefixes.append(lit + (p or ""))
-        return alt(ends), alt(exits), alt(prefixes)
-
-    ends, exits, prefixes = walk(trie)
-    tail = ANY_CHAR + "*"
-    parts = [ends, None if exits is None else exits + tail]
-    if plain:
-        parts.append(group(prefixes or "") + encode_set(wide) + tail)
-    body = alt(parts)
-    return '"' + (body or "") + '"'
 
 
 def object_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag:

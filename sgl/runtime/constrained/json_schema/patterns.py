@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover
 
 from ._regex import ANY_CHAR, Frag, alt, group, repeat
 from .charsets import Ranges, complement, encode_set, intersect, normalize
+from .memo import memo
 
 
 class PatternUnsupported(Exception):
@@ -91,7 +92,9 @@ def _node(op: Any, av: Any) -> Frag:
     if op is C.IN:
         return encode_set(_class(av))
     if op is C.BRANCH:
-        return alt(group(_seq(b) or "") if _seq(b) is not None else None for b in av[1])
+        # Each branch converted once: converting it twice doubled the work per nesting level.
+        branches = (_seq(b) for b in av[1])
+        return alt(None if f is None else group(f) for f in branches)
     if op is C.SUBPATTERN:
         _, add_flags, del_flags, sub = av
         if add_flags or del_flags:
@@ -141,6 +144,9 @@ def _pieces(items: list, start: bool, end: bool) -> list[tuple[Frag, int, int | 
     return [(body, lo, hi)]
 
 
+# Memoized (a pure function of the pattern): schemas repeat the same patterns across
+# properties and $defs, and the server converts many schemas in one process.
+@memo(1 << 22, lambda pattern, out: len(pattern) + len(out[0] or ""))
 def translate(pattern: str) -> tuple[Frag, tuple[int, int | None]]:
     """Encoded body regex for strings `re.search(pattern, s)` accepts, and the (min,
     max) decoded length of what it accepts (max None = unbounded)."""
