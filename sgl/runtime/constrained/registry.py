@@ -163,7 +163,7 @@ def _build(kind: str, spec: str, tok: TokenizerInfo, key: str, use_disk: bool) -
         # and a changed converter must never be served an index built by the old one.
         disk = _disk() if use_disk else None
         if kind == "json_schema" and regex_backend() != "outlines":
-            machines = _schema_machines(spec, _our_json_whitespace())
+            machines = _schema_machines(spec, _our_json_whitespace(), regex_backend() == "native")
             if machines.subs:  # recursion, free-form values or size: the pushdown backend
                 return _build_pushdown(machines, tok, kind, disk)
             return _build_lazy(machines.root, tok, kind, disk)
@@ -246,13 +246,15 @@ def _cached_dfa(regex: str, kind: str, disk: DiskCache | None) -> Any:
     return dfa
 
 
-def _schema_machines(spec: str, whitespace: str) -> Any:
+def _schema_machines(spec: str, whitespace: str, lazy_dfa: bool) -> Any:
     """The json_schema converter in machine mode (`whitespace` between JSON tokens and
-    before the value); GrammarError for anything it refuses."""
-    from .json_schema import schema_to_machines
+    before the value; counting as the native engine affords where `lazy_dfa`, else as
+    whole-DFA backends do); GrammarError for anything it refuses."""
+    from .json_schema import LAZY_DFA, WHOLE_DFA, schema_to_machines
 
     try:
-        return schema_to_machines(json.loads(spec), whitespace=whitespace, leading=True)
+        return schema_to_machines(json.loads(spec), whitespace=whitespace, leading=True,
+                                  limits=LAZY_DFA if lazy_dfa else WHOLE_DFA)
     except json.JSONDecodeError as e:
         raise GrammarError(f"json_schema: not valid JSON ({e})") from None
     except GrammarError:

@@ -21,7 +21,8 @@ import json
 from typing import Any
 
 from ._regex import ReservedCodePoint
-from .context import MAX_COUNT, MAX_REF_DEPTH, MAX_REGEX_CHARS, Context, UnsupportedSchemaError
+from .context import (LAZY_DFA, MAX_COUNT, MAX_REF_DEPTH, MAX_REGEX_CHARS, WHOLE_DFA, Context, Limits,
+                      UnsupportedSchemaError)
 from .converter import convert
 from .machines import Intersect, MachineSpec, Machines, sub_texts
 from .memo import clear_memos
@@ -41,12 +42,14 @@ def schema_to_regex(schema: dict[str, Any] | bool | str, *, whitespace: str | No
 
 
 def schema_to_machines(schema: dict[str, Any] | bool | str, *, whitespace: str | None = None,
-                       strict: bool = True, leading: bool = False) -> MachineSpec:
+                       strict: bool = True, leading: bool = False, limits: Limits = WHOLE_DFA) -> MachineSpec:
     """Machine-mode conversion: the root regex and the sub-machine regexes it calls
-    (`MachineSpec`). Same options and errors as `schema_to_regex`."""
+    (`MachineSpec`). Same options and errors as `schema_to_regex`; `limits` says how
+    much counting the backend affords (context.Limits: WHOLE_DFA, or LAZY_DFA for the
+    native engine)."""
     schema, ws = _parse(schema, whitespace)
     machines = Machines(ws)
-    ctx = Context(root=schema, ws=ws, strict=strict, machines=machines)
+    ctx = Context(root=schema, ws=ws, strict=strict, machines=machines, limits=limits)
     try:
         root = _lead(_run(schema, ctx), ws if leading else "")
     except OverflowError as e:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ._regex import Frag, NEVER, alt, group, repeat
 from .context import MAX_COUNT, Context
-from .machines import shrink
+from .machines import MIN_EXTRACT_CHARS, shrink
 
 Convert = Callable[[Any, Context], Frag]
 
@@ -35,11 +35,12 @@ def array_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag:
     else:
         tail = items
     prefix = list(prefix or [])
-    if lo > MAX_COUNT:
-        ctx.unsupported("minItems", f"{lo} exceeds the counting limit {MAX_COUNT}")
+    limit = ctx.limits.item_count
+    if lo > limit:
+        ctx.unsupported("minItems", f"{lo} exceeds the counting limit {limit}")
         lo = 0
-    if hi is not None and hi > MAX_COUNT:
-        ctx.unsupported("maxItems", f"{hi} exceeds the counting limit {MAX_COUNT}")
+    if hi is not None and hi > limit:
+        ctx.unsupported("maxItems", f"{hi} exceeds the counting limit {limit}")
         hi = None
     pre: list[Frag] = []
     for i, sub in enumerate(prefix):
@@ -49,6 +50,9 @@ def array_regex(schema: dict[str, Any], ctx: Context, convert: Convert) -> Frag:
     ctx.path.append("items")
     tail_re = convert(tail, ctx) if tail is not False else NEVER
     ctx.path.pop()
+    if (ctx.machines is not None and max(lo, hi or 0) > MAX_COUNT and tail_re is not None
+            and len(tail_re) > MIN_EXTRACT_CHARS):
+        tail_re = ctx.machines.call(tail_re)  # a long count repeats one call, not the item
     # Machine mode: tuple items repeated past the size budget become calls.
     return shrink(pre + [tail_re], lambda parts: _build(parts[:-1], parts[-1], lo, hi, ws),
                   ctx.machines)

@@ -19,6 +19,27 @@ MAX_COUNT = 64
 # minLength/maxLength of a plain string: counted with CANON_COUNTED_CHAR (~15 DFA
 # states per count, ~0.6 s of DFA build at 1024), so the bound can be much higher.
 MAX_STRING_COUNT = 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much counting the backend a conversion is for affords. Whole-DFA backends
+    (numpy, outlines) pay for every DFA state at compile, so counts stay small and long
+    strings are counted in small block machines; the native engine builds only the
+    states a text visits, so a count costs NFA states (~20 per counted character), and
+    big blocks keep returns (a token crossing a block's end) rare."""
+
+    string_count: int = MAX_STRING_COUNT  # a plain string counted inline up to this
+    block: int = 32                       # characters per block machine past it
+    item_count: int = MAX_COUNT           # minItems / maxItems enforced up to this
+    # A counted string past this is a machine of its own (one per distinct bound, shared
+    # by every property that has it) rather than ~20 NFA states per count inline in
+    # each; None: always inline.
+    call_count: int | None = None
+
+
+WHOLE_DFA = Limits()
+LAZY_DFA = Limits(string_count=4096, block=1024, item_count=4096, call_count=64)
 # How many times one $ref may be open on the expansion stack (recursive schemas) in
 # single-regex mode; machine mode calls the $ref's machine instead (no bound).
 MAX_REF_DEPTH = 2
@@ -49,6 +70,7 @@ class Context:
     path: list[str] = field(default_factory=list)
     # Machine mode (see machines.py) when set; None = everything inlined in one regex.
     machines: "Machines | None" = None
+    limits: Limits = WHOLE_DFA
 
     @property
     def pointer(self) -> str:

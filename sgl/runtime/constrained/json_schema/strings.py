@@ -10,9 +10,12 @@ Machine mode (ctx.machines set) is exact where single-regex mode gives up:
   (charsets.encode_set for pattern text, CANON_COUNTED_CHAR for the count; an
   unanchored side's ANY_CHAR is wider, but only in spellings the other parts refuse),
   so the product accepts exactly the canonical spellings of the valid instances;
-- bounds past MAX_STRING_COUNT are counted in blocks: a block machine matches exactly
-  BLOCK characters, the next level exactly BLOCK blocks, and so on, so a bound of
-  65535 costs a few hundred DFA states (see `_count_in_blocks`).
+- bounds past the backend's inline count (ctx.limits.string_count) are counted in
+  blocks: a block machine matches exactly ctx.limits.block characters, the next level
+  exactly that many blocks, and so on, so a bound of 65535 costs a few hundred DFA
+  states (see `_count_in_blocks`). Whole-DFA backends use blocks of 32 (each block DFA
+  small: ~500 states for canonical characters, ~130 for a block of calls); the native
+  engine builds states lazily and uses blocks of 1024, so few tokens cross a block end.
 In machine mode every string built here opens with a call of a one-quote machine
 (`_open_quote`) instead of a literal quote. The Rust DFA builder determinizes the
 unanchored start too, whose restarts at each `"` of a `\\"` escape track every
@@ -36,12 +39,6 @@ from .patterns import PatternUnsupported, single_class_repeat, translate
 
 if TYPE_CHECKING:
     from .machines import Machines
-
-# Characters per block machine, and blocks per next-level block. 32 keeps each block
-# DFA small (~500 states for canonical characters, ~130 for a block of calls) and the
-# inline remainder of a count under 32 copies of a character.
-BLOCK = 32
-
 
 def _lengths(schema: dict) -> tuple[int, int | None]:
     lo = int(schema.get("minLength", 0) or 0)
@@ -111,7 +108,7 @@ def string_regex(schema: dict[str, Any], ctx: Context) -> Frag:
         rep = single_class_repeat(bodies[0][0])
         if rep is not None:
             return _class_repeat(rep, lo, hi, ctx)
-    if ctx.machines is not None and max(lo, hi or 0) <= MAX_STRING_COUNT:
+    if ctx.machines is not None and max(lo, hi or 0) <= MAX_STRING_COUNT:  # products are built whole
         counted = quote + (repeat(CANON_COUNTED_CHAR, lo, hi) or "") + '"'
         return ctx.machines.intersect(parts + [counted])
     if ctx.machines is not None:
@@ -149,16 +146,20 @@ def _quoted_count(char: str, lo: int, hi: int | None, ctx: Context) -> Frag:
         return STRING
     if hi is not None and hi < lo:
         return NEVER
-    if max(lo, hi or 0) <= MAX_STRING_COUNT or ctx.machines is None:
-        return '"' + (repeat(char, lo, hi) or "") + '"'
-    return _open_quote(ctx) + _count_in_blocks(char, lo, hi, ctx.machines) + '"'
+    if max(lo, hi or 0) <= ctx.limits.string_count or ctx.machines is None:
+        body = repeat(char, lo, hi) or ""
+        call = ctx.limits.call_count
+        if ctx.machines is not None and call is not None and max(lo, hi or 0) > call:
+            return _open_quote(ctx) + ctx.machines.call(body + '"')  # with the quote: never empty
+        return '"' + body + '"'
+    return _open_quote(ctx) + _count_in_blocks(char, lo, hi, ctx.machines, ctx.limits.block) + '"'
 
 
-def _count_in_blocks(char: str, lo: int, hi: int | None, machines: "Machines") -> str:
+def _count_in_blocks(char: str, lo: int, hi: int | None, machines: "Machines", block: int) -> str:
     """`char` repeated lo..hi times (lo <= hi), counted with block machines.
 
-    unit(0) is one `char`; unit(L) calls a machine matching exactly BLOCK units of
-    level L-1, i.e. BLOCK**L characters. A count of exactly n spells n's base-BLOCK
+    unit(0) is one `char`; unit(L) calls a machine matching exactly block units of
+    level L-1, i.e. block**L characters. A count of exactly n spells n's base-block
     digits as unit repeats, top level first. "Up to n" more is, with n = q * size + r
     at the top level L: fewer than q units of L followed by anything below a unit
     (up to size - 1), or exactly q units followed by up to r. Every alternative is a
@@ -166,18 +167,18 @@ def _count_in_blocks(char: str, lo: int, hi: int | None, machines: "Machines") -
     parses a prefix allows (in a top unit, or in a lower one) side by side.
     """
     top = 0
-    while BLOCK ** (top + 1) <= max(lo, hi or 0):
+    while block ** (top + 1) <= max(lo, hi or 0):
         top += 1
     units = [group(char)]
     for level in range(top):
         # The first unit of a level-1 block is a call (see the module docstring).
         first = machines.call(units[0]) if level == 0 else units[-1]
-        units.append(machines.call(first + units[-1] * (BLOCK - 1)))
+        units.append(machines.call(first + units[-1] * (block - 1)))
 
     def exactly(n: int) -> str:
         out = []
         for level in range(top, -1, -1):
-            d, n = divmod(n, BLOCK ** level)
+            d, n = divmod(n, block ** level)
             out.append(repeat(units[level], d, d) or "")
         return "".join(out)
 
@@ -185,11 +186,11 @@ def _count_in_blocks(char: str, lo: int, hi: int | None, machines: "Machines") -
         if n == 0:
             return ""
         level = 0
-        while level < top and BLOCK ** (level + 1) <= n:
+        while level < top and block ** (level + 1) <= n:
             level += 1
         if level == 0:
             return repeat(units[0], 0, n) or ""
-        size = BLOCK ** level
+        size = block ** level
         q, r = divmod(n, size)
         below = up_to(size - 1)
         if r == size - 1:  # both alternatives end alike: one repeat covers them

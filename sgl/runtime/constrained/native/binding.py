@@ -22,7 +22,8 @@ from sgl.runtime.native.build import build_library
 from ..base import GrammarError
 
 _DIR = Path(__file__).parent
-_SOURCES = [_DIR / n for n in ("grammar.h", "regex_nfa.c", "lazy_dfa.c", "pushdown_walk.c", "engine_api.c")]
+_SOURCES = [_DIR / n for n in ("grammar.h", "pushdown.h", "regex_nfa.c", "lazy_dfa.c", "pushdown_walk.c",
+                               "mask_walk.c", "engine_api.c")]
 OK, UNSUPPORTED, TOO_LARGE, EMPTY, NOMEM, EMPTY_SUB, TOO_MANY, BAD_CONFIG = range(8)
 _ERR_BUFFER = 100
 RE_CALLS = 1
@@ -44,11 +45,12 @@ def _library() -> ctypes.CDLL | None:
                 "sgl_gram_set_table": (_I32, [_P, _I32, _P, _P, _I32, _P, _P, _P, _I32, _I32]),
                 "sgl_gram_set_intersect": (_I32, [_P, _I32, _P, _I32]),
                 "sgl_gram_finalize": (_I32, [_P, _I32, ctypes.c_char_p, _I32]),
-                "sgl_gram_set_trie": (None, [_P, _P, _P, _P, _P, _P, _P, _I32, _I32]),
+                "sgl_gram_set_trie": (None, [_P, _P, _P, _P, _P, _P, _P, _I32, _I32, _I32]),
                 "sgl_gram_expand_all": (_I64, [_P, _I32]),
                 "sgl_gram_export": (_I32, [_P, _I32, _P, _P]),
                 "sgl_gram_stats": (None, [_P, _P]),
                 "sgl_gram_machine_states": (_I64, [_P, _I32]),
+                "sgl_gram_frame_info": (None, [_P, _I32, _I32, _P]),
                 "sgl_gram_step": (_I64, [_P, ctypes.c_char_p, _I64, ctypes.c_char_p, _I64, _P, _I64]),
                 "sgl_gram_can_end": (_I32, [_P, ctypes.c_char_p, _I64]),
                 "sgl_gram_mask": (_I64, [_P, ctypes.c_char_p, _I64, _P]),
@@ -157,12 +159,12 @@ class NativeEngine:
             raise self._fail(rc)
 
     def set_trie(self, node: np.ndarray, nxt: np.ndarray, tok_start: np.ndarray, tok_ids: np.ndarray,
-                 sub_bytes: np.ndarray, height: np.ndarray, max_depth: int) -> None:
+                 sub_bytes: np.ndarray, height: np.ndarray, max_depth: int, vocab_size: int) -> None:
         """The vocabulary's byte trie (token_trie.py); the engine borrows the arrays."""
         self._keep += [node, nxt, tok_start, tok_ids, sub_bytes, height]
         self._lib.sgl_gram_set_trie(self._h, node.ctypes.data, nxt.ctypes.data, tok_start.ctypes.data,
                                     tok_ids.ctypes.data, sub_bytes.ctypes.data, height.ctypes.data, node.size,
-                                    max_depth)
+                                    max_depth, vocab_size)
 
     # -- running ----------------------------------------------------------------------
     def step(self, cfg: Config, data: bytes) -> Config | None:
@@ -208,8 +210,17 @@ class NativeEngine:
             raise self._fail(rc)
         return trans, accept.astype(bool)
 
-    def num_states(self) -> int:
-        """DFA states built so far, over all machines."""
-        out = np.zeros(3, dtype=np.int64)
+    def stats(self) -> dict[str, int]:
+        """DFA states built so far (all machines), frame masks cached, frame walks made."""
+        out = np.zeros(5, dtype=np.int64)
         self._lib.sgl_gram_stats(self._h, out.ctypes.data)
-        return int(out[0])
+        return {"states": int(out[0]), "frame_masks": int(out[3]), "frame_walks": int(out[4])}
+
+    def num_states(self) -> int:
+        return self.stats()["states"]
+
+    def frame_info(self, m: int, s: int) -> tuple[bool, int]:
+        """(is the frame mask of (m, s) cached, how many exits it has)."""
+        out = np.zeros(2, dtype=np.int64)
+        self._lib.sgl_gram_frame_info(self._h, m, s, out.ctypes.data)
+        return bool(out[0]), int(out[1])

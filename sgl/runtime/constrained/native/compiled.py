@@ -49,7 +49,7 @@ class CompiledNative:
         self.kind = kind
         trie = TokenTrie.of(tok)
         engine.set_trie(trie.node, trie.next, trie.tok_start, trie.tok_ids, trie.sub_bytes, trie.height,
-                        trie.max_depth)
+                        trie.max_depth, tok.vocab_size)
         self._trie = trie
         self.initial: Config = config_of([1, 2, 0, 0])
         self._eos = list(tok.eos_token_ids)

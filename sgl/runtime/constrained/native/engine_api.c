@@ -34,6 +34,7 @@ Engine *sgl_gram_new(int32_t n_machines, int32_t json_mode, int32_t max_stacks, 
         M->calls = (Vec)VEC_OF(Call);
         M->idem = (Vec)VEC_OF(int8_t);
         M->runs = (Vec)VEC_OF(Run);
+        M->fmasks = (Vec)VEC_OF(void *);
     }
     E->json_mode = json_mode;
     E->max_stacks = max_stacks;
@@ -121,8 +122,9 @@ int32_t sgl_gram_finalize(Engine *E, int32_t root, char *err, int32_t errlen) {
 /* The vocabulary's byte trie (token_trie.py); the arrays must outlive the engine. */
 void sgl_gram_set_trie(Engine *E, const uint32_t *node, const int32_t *next, const int32_t *tok_start,
                        const int32_t *tok_ids, const uint64_t *sub_bytes, const int32_t *height, int32_t n_nodes,
-                       int32_t max_depth) {
+                       int32_t max_depth, int32_t vocab_size) {
     pthread_mutex_lock(&E->mu);
+    E->vocab_size = vocab_size;
     E->node = node, E->next = next, E->tok_start = tok_start, E->tok_ids = tok_ids, E->sub_bytes = sub_bytes;
     E->height = height;
     E->n_nodes = n_nodes, E->max_depth = max_depth;
@@ -160,12 +162,14 @@ int32_t sgl_gram_export(Engine *E, int32_t m, int32_t *trans, uint8_t *accept) {
     return rc;
 }
 
-/* [DFA states built in all, machines, sticky status] */
+/* [DFA states built in all, machines, sticky status, frame masks cached, frame walks] */
 void sgl_gram_stats(Engine *E, int64_t *out) {
     pthread_mutex_lock(&E->mu);
     out[0] = E->total_states;
     out[1] = E->n;
     out[2] = E->status;
+    out[3] = E->n_fmasks;
+    out[4] = E->frame_walks;
     pthread_mutex_unlock(&E->mu);
 }
 

@@ -114,7 +114,8 @@ typedef struct {
     int32_t *parts; /* M_INTERSECT: part machines (hidden) */
     int nparts;
     Vec idem;       /* int8 per state: -1 unknown, else L(s) is closed under concatenation */
-    Vec runs;       /* Run per state (pushdown_walk.c) */
+    Vec runs;       /* Run per state (mask_walk.c) */
+    Vec fmasks;     /* FrameMask * per state, or NULL (mask_walk.c) */
     /* closure scratch, sized to the NFA */
     uint32_t *stamp;
     uint32_t gen;
@@ -131,12 +132,13 @@ typedef struct {
     int status;     /* sticky: a failed expansion poisons the engine */
     int finalized;
     pthread_mutex_t mu;
+    int64_t n_fmasks, frame_walks; /* cached frame masks; walks that made one */
     /* the vocabulary's byte trie (token_trie.py), borrowed */
     const uint32_t *node;
     const int32_t *next, *tok_start, *tok_ids;
     const uint64_t *sub_bytes; /* uint64[4] per node: the bytes of its subtree, itself included */
     const int32_t *height;     /* per node: its subtree's depth (a leaf: 1) */
-    int32_t n_nodes, max_depth;
+    int32_t n_nodes, max_depth, vocab_size;
 } Engine;
 
 static inline int32_t *row_of(Machine *M, int32_t s) {
@@ -150,5 +152,6 @@ int machine_idempotent(Engine *E, int32_t m, int32_t s);
 int engine_finalize(Engine *E, int32_t root, char *err, int errlen);
 int64_t machine_new_state(Engine *E, Machine *M); /* appends an unexpanded state row */
 void engine_free(Engine *E);
+void frame_masks_free(Engine *E); /* mask_walk.c */
 
 #endif

@@ -81,8 +81,9 @@ int64_t machine_new_state(Engine *E, Machine *M) {
     int32_t z = 0;
     int8_t u = -1;
     Run none = {{0, 0, 0, 0}, 0};
+    void *nofm = NULL;
     if (vec_push(&M->flags, &f) || vec_push(&M->call_off, &z) || vec_push(&M->call_cnt, &z) ||
-        vec_push(&M->idem, &u) || vec_push(&M->runs, &none))
+        vec_push(&M->idem, &u) || vec_push(&M->runs, &none) || vec_push(&M->fmasks, &nofm))
         return -G_NOMEM;
     M->n++;
     E->total_states++;
@@ -488,7 +489,7 @@ static void machine_clear(Machine *M) {
     free(M->sets.pool.p); free(M->sets.off.p); free(M->sets.len.p); free(M->sets.htab);
     for (int64_t k = 0; k < M->blocks.n; k++) free(((int32_t **)M->blocks.p)[k]);
     free(M->blocks.p); free(M->flags.p); free(M->call_off.p); free(M->call_cnt.p); free(M->calls.p);
-    free(M->idem.p); free(M->runs.p); free(M->parts);
+    free(M->idem.p); free(M->runs.p); free(M->fmasks.p); free(M->parts);
     free(M->stamp); free(M->stk); free(M->out);
     memset(M, 0, sizeof(*M));
 }
@@ -504,6 +505,7 @@ static void machine_init_vecs(Machine *M) {
     M->calls = (Vec)VEC_OF(Call);
     M->idem = (Vec)VEC_OF(int8_t);
     M->runs = (Vec)VEC_OF(Run);
+    M->fmasks = (Vec)VEC_OF(void *);
 }
 
 static int build_intersect(Engine *E, Machine *M) {
@@ -652,6 +654,7 @@ out:
 }
 
 void engine_free(Engine *E) {
+    frame_masks_free(E);
     for (int32_t i = 0; i < E->n; i++) machine_clear(&E->m[i]);
     free(E->m);
     free(E->nonempty);

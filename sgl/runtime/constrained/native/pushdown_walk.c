@@ -23,35 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
-
-#define TRIE_HAS_TOKENS (1u << 24)
-#define ERR_BUFFER 100 /* flat output did not fit */
-
-typedef struct { int32_t m, s, parent, depth; } Frame;
-typedef struct { int32_t m, s, below; } Item;
-typedef struct {
-    Item *v;
-    int32_t n, cap;
-    int32_t *h; /* open addressing over v's indexes once n grows past LINEAR */
-    int32_t hcap;
-} ItemSet;
-#define LINEAR 16
-
-typedef struct {
-    Engine *E;
-    Vec frames; /* Frame */
-    int32_t *hv;
-    int64_t hcap;
-    Vec fresh;  /* machines pushed in the current byte's closure */
-    int err;
-} Walk;
+#include "pushdown.h"
 
 static uint64_t item_hash(Item it) {
     return mix64(((uint64_t)(uint32_t)it.m << 40) ^ ((uint64_t)(uint32_t)it.s << 20) ^ (uint32_t)it.below);
 }
 
-static int32_t frame_of(Walk *W, int32_t m, int32_t s, int32_t parent) {
+int32_t frame_of(Walk *W, int32_t m, int32_t s, int32_t parent) {
     if (W->frames.n * 2 >= W->hcap) {
         int64_t cap = W->hcap ? W->hcap * 2 : 256;
         int32_t *h2 = malloc(sizeof(int32_t) * (size_t)cap);
@@ -90,7 +68,7 @@ static int32_t push_frame(Walk *W, int32_t m, int32_t r, int32_t below) {
     return frame_of(W, m, r, below);
 }
 
-static int set_add(Walk *W, ItemSet *S, Item it) {
+int set_add(Walk *W, ItemSet *S, Item it) {
     if (S->n < LINEAR || !S->h) {
         for (int32_t k = 0; k < S->n; k++)
             if (S->v[k].m == it.m && S->v[k].s == it.s && S->v[k].below == it.below) return 0;
@@ -128,7 +106,7 @@ static int set_add(Walk *W, ItemSet *S, Item it) {
     return 0;
 }
 
-static void set_clear(ItemSet *S) {
+void set_clear(ItemSet *S) {
     S->n = 0;
     if (S->h) { free(S->h); S->h = NULL; S->hcap = 0; }
 }
@@ -139,7 +117,7 @@ static int in_fresh(const Walk *W, int32_t j) {
     return 0;
 }
 
-static void step_item(Walk *W, Item it, uint8_t b, ItemSet *out) {
+void step_item(Walk *W, Item it, uint8_t b, ItemSet *out) {
     Engine *E = W->E;
     Machine *M = &E->m[it.m];
     int rc = machine_ready(E, M, it.s);
@@ -159,6 +137,11 @@ static void step_item(Walk *W, Item it, uint8_t b, ItemSet *out) {
         }
     }
     if (it.below >= 0 && (f & F_ACCEPT) && !W->err) {
+        if (it.below == W->sentinel) { /* a frame walk: the caller is not known, note where */
+            int32_t *e = W->exits.p;
+            if ((!W->exits.n || e[W->exits.n - 1] != W->node) && vec_push(&W->exits, &W->node)) W->err = G_NOMEM;
+            return;
+        }
         Frame fr = ((Frame *)W->frames.p)[it.below];
         step_item(W, (Item){fr.m, fr.s, fr.parent}, b, out);
     }
@@ -195,7 +178,7 @@ static int cmp_items(const void *pa, const void *pb) {
 }
 
 /* out := the bounded set after byte b from `in`; G_TOO_MANY (JSON mode) or an error. */
-static int step_set(Walk *W, const ItemSet *in, uint8_t b, ItemSet *out) {
+int step_set(Walk *W, const ItemSet *in, uint8_t b, ItemSet *out) {
     Engine *E = W->E;
     set_clear(out);
     if (in->n == 1) { /* the common case: one stack whose top only moves */
@@ -224,7 +207,7 @@ static int step_set(Walk *W, const ItemSet *in, uint8_t b, ItemSet *out) {
 }
 
 /* Reads a flat configuration into items. */
-static int read_config(Walk *W, const int32_t *cfg, int64_t n, ItemSet *out) {
+int read_config(Walk *W, const int32_t *cfg, int64_t n, ItemSet *out) {
     Engine *E = W->E;
     if (n < 1) return G_BAD_CONFIG;
     int64_t ns = cfg[0], i = 1;
@@ -264,10 +247,11 @@ static int64_t write_config(Walk *W, ItemSet *S, int32_t *out, int64_t cap) {
     return i;
 }
 
-static void walk_free(Walk *W) {
+void walk_free(Walk *W) {
     free(W->frames.p);
     free(W->hv);
     free(W->fresh.p);
+    free(W->exits.p);
 }
 
 static int can_end_items(const Walk *W, const ItemSet *S) {
@@ -283,7 +267,6 @@ static int can_end_items(const Walk *W, const ItemSet *S) {
     return 0;
 }
 
-#define WALK_INIT(E) {(E), VEC_OF(Frame), NULL, 0, VEC_OF(int32_t), G_OK}
 
 /* ------------------------------------------------------------------ API */
 
@@ -319,141 +302,6 @@ int32_t sgl_gram_can_end(Engine *E, const int32_t *cfg, int64_t n) {
     walk_free(&W);
     pthread_mutex_unlock(&E->mu);
     return r;
-}
-
-/* A mask walk's level: the set after the bytes of one trie depth, and, for a single
- * stack whose top only moves (no calls, no return possible), that top's row, so a
- * node below costs one lookup. */
-typedef struct {
-    ItemSet set;
-    int ready, simple;
-    const int32_t *row;
-    Run run;
-} Level;
-
-/* The run of state s (grammar.h): a subtree of the trie spelled only with bytes of K
- * and no deeper than the run is allowed whole; for a string body (K loops on s) that
- * is most of the vocabulary, for a counted string (K moves to the next count) as much
- * of it as the count still admits. Expands the states along the run. */
-static int run_of(Engine *E, Machine *M, int32_t s, Run *out) {
-    if (flags_of(M, s) & F_RUN) {
-        *out = ((Run *)M->runs.p)[s];
-        return G_OK;
-    }
-    const int32_t *r = row_of(M, s);
-    int32_t best = -1, best_n = 0;
-    for (int b = 0; b < 256; b++) { /* the target most bytes share (few distinct targets) */
-        if (r[b] < 0 || r[b] == best) continue;
-        int32_t n = 0;
-        for (int c = b; c < 256; c++) n += r[c] == r[b];
-        if (n > best_n) best = r[b], best_n = n;
-        if (best_n > 128) break;
-    }
-    Run run = {{0, 0, 0, 0}, 0};
-    if (best >= 0) {
-        for (int b = 0; b < 256; b++)
-            if (r[b] == best) run.k[b >> 6] |= 1ULL << (b & 63);
-        int32_t path[64], n = 0, cur = best;
-        run.depth = 1;
-        while (run.depth < E->max_depth) {
-            int cycle = cur == s;
-            for (int32_t k = 0; k < n && !cycle; k++) cycle = path[k] == cur;
-            if (cycle) { run.depth = INT32_MAX; break; }
-            if (n < 64) path[n++] = cur;
-            int rc = machine_ready(E, M, cur);
-            if (rc != G_OK) return rc;
-            const int32_t *rc_row = row_of(M, cur);
-            int32_t nxt = -2;
-            for (int b = 0; b < 256 && nxt != -1; b++)
-                if ((run.k[b >> 6] >> (b & 63)) & 1) nxt = nxt == -2 || nxt == rc_row[b] ? rc_row[b] : -1;
-            if (nxt < 0) break;
-            cur = nxt;
-            run.depth++;
-        }
-    }
-    ((Run *)M->runs.p)[s] = run; /* by index: expansions above may have moved the array */
-    ((uint8_t *)M->flags.p)[s] |= F_RUN;
-    *out = run;
-    return G_OK;
-}
-
-static int level_ready(Walk *W, Level *L) {
-    L->ready = 1, L->simple = 0, L->run.depth = 0;
-    if (L->set.n != 1) return G_OK;
-    Item it = L->set.v[0];
-    Machine *M = &W->E->m[it.m];
-    int rc = machine_ready(W->E, M, it.s);
-    if (rc != G_OK) return rc;
-    uint8_t f = flags_of(M, it.s);
-    L->simple = !(f & F_CALLS) && (it.below < 0 || !(f & F_ACCEPT));
-    L->row = row_of(M, it.s);
-    if (L->simple && W->E->sub_bytes) return run_of(W->E, M, it.s, &L->run);
-    return G_OK;
-}
-
-/* out[t] = 1 for every token t some stack of `cfg` can take whole (out is left as it
- * was elsewhere). Returns the number of trie nodes visited, or -status. */
-int64_t sgl_gram_mask(Engine *E, const int32_t *cfg, int64_t n, uint8_t *out) {
-    pthread_mutex_lock(&E->mu);
-    Walk W = WALK_INIT(E);
-    int64_t visited = 0;
-    int32_t depth = E->max_depth + 1;
-    Level *lv = calloc((size_t)depth, sizeof(Level));
-    int rc = lv ? read_config(&W, cfg, n, &lv[0].set) : G_NOMEM;
-    for (int32_t d = 1; lv && d < depth && rc == G_OK; d++) { /* room for one item per level */
-        lv[d].set.v = malloc(sizeof(Item) * 8);
-        lv[d].set.cap = 8;
-        if (!lv[d].set.v) rc = G_NOMEM;
-    }
-    for (int32_t i = 0; rc == G_OK && i < E->n_nodes;) {
-        uint32_t w = E->node[i];
-        int d = (int)((w >> 8) & 0xffff);
-        Level *P = &lv[d - 1], *L = &lv[d];
-        visited++;
-        if (!P->ready && (rc = level_ready(&W, P)) != G_OK) break;
-        L->ready = 0;
-        if (P->run.depth && E->height[i] <= P->run.depth) {
-            const uint64_t *sb = E->sub_bytes + 4 * (int64_t)i, *k = P->run.k;
-            if (!((sb[0] & ~k[0]) | (sb[1] & ~k[1]) | (sb[2] & ~k[2]) | (sb[3] & ~k[3]))) {
-                int32_t end = E->next[i]; /* the whole subtree: every token in it is allowed */
-                for (int32_t k = E->tok_start[i]; k < E->tok_start[end]; k++) out[E->tok_ids[k]] = 1;
-                visited += end - i - 1;
-                i = end;
-                continue;
-            }
-        }
-        if (P->simple) {
-            int32_t t = P->row[w & 0xff];
-            if (t < 0) {
-                i = E->next[i];
-                continue;
-            }
-            set_clear(&L->set);
-            L->set.v[0] = (Item){P->set.v[0].m, t, P->set.v[0].below};
-            L->set.n = 1;
-        } else {
-            int r = step_set(&W, &P->set, (uint8_t)(w & 0xff), &L->set);
-            if (r == G_TOO_MANY) {
-                L->set.n = 0;
-            } else if (r != G_OK) {
-                rc = r;
-                break;
-            }
-            if (!L->set.n) {
-                i = E->next[i];
-                continue;
-            }
-        }
-        if (w & TRIE_HAS_TOKENS)
-            for (int32_t k = E->tok_start[i]; k < E->tok_start[i + 1]; k++) out[E->tok_ids[k]] = 1;
-        i++;
-    }
-    if (lv)
-        for (int32_t k = 0; k < depth; k++) free(lv[k].set.v), free(lv[k].set.h);
-    free(lv);
-    walk_free(&W);
-    pthread_mutex_unlock(&E->mu);
-    return rc == G_OK ? visited : -rc;
 }
 
 /* The bytes every continuation of `cfg` starts with (at most cap): while it cannot end

@@ -1,0 +1,275 @@
+/* Token masks: the vocabulary's byte trie walked against a configuration.
+ *
+ * A walk steps each trie node once from its parent's set (pushdown_walk.c's step_set)
+ * and skips the subtree of a node whose step leaves nothing. Two shortcuts carry most
+ * of the cost away:
+ *
+ *  - runs: where a single stack's top only moves, a subtree spelled only with the bytes
+ *    of the top state's run (grammar.h) and no deeper than it is allowed whole, so a
+ *    string body costs the few subtrees with quotes, escapes or non-ASCII bytes in them;
+ *  - frame masks: for a one-stack configuration the tokens that never return below the
+ *    top frame (m, s) do not depend on the frames below. They are walked once per frame
+ *    with a sentinel below it, which records the trie nodes where a return happens
+ *    ("exits") instead of stepping; the mask of any stack with that top is the cached
+ *    set plus, from each exit, the caller stepped by that node's byte and its subtree
+ *    walked on. A block machine counting a 32k-character string, or a string machine
+ *    called from many places, is walked once, not once per position or caller.
+ *
+ * Frame masks are bit-packed (a 49k vocabulary: 6 KB each), at most MAX_FRAME_MASKS per
+ * engine; past that the cache is dropped and refilled.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pushdown.h"
+
+#define MAX_FRAME_MASKS 4096
+
+typedef struct {
+    uint64_t *bits;  /* tokens allowed without returning below the frame */
+    int32_t *exits;  /* trie nodes whose byte is stepped by the caller */
+    int32_t n_exits;
+} FrameMask;
+
+/* A mask walk's level: the set after the bytes of one trie depth, and, for a single
+ * stack whose top only moves (no calls, no return possible), that top's row and run. */
+typedef struct {
+    ItemSet set;
+    int ready, simple;
+    const int32_t *row;
+    Run run;
+} Level;
+
+/* The run of state s (grammar.h): the byte set its largest transition class takes to
+ * one state, and how far such bytes in a row stay on a single path. Expands the states
+ * along the run. */
+static int run_of(Engine *E, Machine *M, int32_t s, Run *out) {
+    if (flags_of(M, s) & F_RUN) {
+        *out = ((Run *)M->runs.p)[s];
+        return G_OK;
+    }
+    const int32_t *r = row_of(M, s);
+    int32_t best = -1, best_n = 0;
+    for (int b = 0; b < 256; b++) { /* the target most bytes share (few distinct targets) */
+        if (r[b] < 0 || r[b] == best) continue;
+        int32_t n = 0;
+        for (int c = b; c < 256; c++) n += r[c] == r[b];
+        if (n > best_n) best = r[b], best_n = n;
+        if (best_n > 128) break;
+    }
+    Run run = {{0, 0, 0, 0}, 0};
+    if (best >= 0) {
+        for (int b = 0; b < 256; b++)
+            if (r[b] == best) run.k[b >> 6] |= 1ULL << (b & 63);
+        int32_t path[64], n = 0, cur = best;
+        run.depth = 1;
+        while (run.depth < E->max_depth) {
+            int cycle = cur == s;
+            for (int32_t k = 0; k < n && !cycle; k++) cycle = path[k] == cur;
+            if (cycle) {
+                run.depth = INT32_MAX;
+                break;
+            }
+            if (n < 64) path[n++] = cur;
+            int rc = machine_ready(E, M, cur);
+            if (rc != G_OK) return rc;
+            const int32_t *next_row = row_of(M, cur);
+            int32_t nxt = -2;
+            for (int b = 0; b < 256 && nxt != -1; b++)
+                if ((run.k[b >> 6] >> (b & 63)) & 1) nxt = nxt == -2 || nxt == next_row[b] ? next_row[b] : -1;
+            if (nxt < 0) break;
+            cur = nxt;
+            run.depth++;
+        }
+    }
+    ((Run *)M->runs.p)[s] = run; /* by index: expansions above may have moved the array */
+    ((uint8_t *)M->flags.p)[s] |= F_RUN;
+    *out = run;
+    return G_OK;
+}
+
+static int level_ready(Walk *W, Level *L) {
+    L->ready = 1, L->simple = 0, L->run.depth = 0;
+    if (L->set.n != 1) return G_OK;
+    Item it = L->set.v[0];
+    Machine *M = &W->E->m[it.m];
+    int rc = machine_ready(W->E, M, it.s);
+    if (rc != G_OK) return rc;
+    uint8_t f = flags_of(M, it.s);
+    L->simple = !(f & F_CALLS) && (it.below < 0 || !(f & F_ACCEPT));
+    L->row = row_of(M, it.s);
+    if (L->simple && W->E->sub_bytes) return run_of(W->E, M, it.s, &L->run);
+    return G_OK;
+}
+
+static void mark_tokens(const Engine *E, int32_t from, int32_t to, uint8_t *out) {
+    for (int32_t k = E->tok_start[from]; k < E->tok_start[to]; k++) out[E->tok_ids[k]] = 1;
+}
+
+/* Walks trie nodes [i, end), whose parents' sets are in lv (lv[depth(i) - 1] set by the
+ * caller), marking every token a stack survives. */
+static int walk_nodes(Walk *W, Level *lv, int32_t i, int32_t end, uint8_t *out) {
+    const Engine *E = W->E;
+    while (i < end) {
+        uint32_t w = E->node[i];
+        int d = (int)((w >> 8) & 0xffff);
+        Level *P = &lv[d - 1], *L = &lv[d];
+        int rc;
+        if (!P->ready && (rc = level_ready(W, P)) != G_OK) return rc;
+        L->ready = 0;
+        if (P->run.depth && E->height[i] <= P->run.depth) {
+            const uint64_t *sb = E->sub_bytes + 4 * (int64_t)i, *k = P->run.k;
+            if (!((sb[0] & ~k[0]) | (sb[1] & ~k[1]) | (sb[2] & ~k[2]) | (sb[3] & ~k[3]))) {
+                mark_tokens(E, i, E->next[i], out); /* the whole subtree */
+                i = E->next[i];
+                continue;
+            }
+        }
+        if (P->simple) {
+            int32_t t = P->row[w & 0xff];
+            if (t < 0) {
+                i = E->next[i];
+                continue;
+            }
+            set_clear(&L->set);
+            L->set.v[0] = (Item){P->set.v[0].m, t, P->set.v[0].below};
+            L->set.n = 1;
+        } else {
+            W->node = i;
+            int r = step_set(W, &P->set, (uint8_t)(w & 0xff), &L->set);
+            if (r == G_TOO_MANY) L->set.n = 0; /* the step would refuse it: not allowed */
+            else if (r != G_OK) return r;
+            if (!L->set.n) {
+                i = E->next[i];
+                continue;
+            }
+        }
+        if (w & (1u << 24)) mark_tokens(E, i, i + 1, out);
+        i++;
+    }
+    return G_OK;
+}
+
+static Level *levels_new(const Engine *E) {
+    Level *lv = calloc((size_t)E->max_depth + 1, sizeof(Level));
+    if (!lv) return NULL;
+    for (int32_t d = 0; d <= E->max_depth; d++) { /* room for one item per level */
+        lv[d].set.v = malloc(sizeof(Item) * 8);
+        lv[d].set.cap = 8;
+        if (!lv[d].set.v) {
+            for (int32_t k = 0; k <= d; k++) free(lv[k].set.v);
+            free(lv);
+            return NULL;
+        }
+    }
+    return lv;
+}
+
+static void levels_free(const Engine *E, Level *lv) {
+    if (!lv) return;
+    for (int32_t k = 0; k <= E->max_depth; k++) free(lv[k].set.v), free(lv[k].set.h);
+    free(lv);
+}
+
+void frame_masks_free(Engine *E) {
+    for (int32_t i = 0; i < E->n; i++) {
+        Machine *M = &E->m[i];
+        for (int64_t s = 0; s < M->fmasks.n; s++) {
+            FrameMask *f = ((FrameMask **)M->fmasks.p)[s];
+            if (f) free(f->bits), free(f->exits), free(f);
+            ((FrameMask **)M->fmasks.p)[s] = NULL;
+        }
+    }
+    E->n_fmasks = 0;
+}
+
+/* The frame mask of (m, s): walked with a sentinel frame below, cached. */
+static int frame_mask(Engine *E, Level *lv, int32_t m, int32_t s, FrameMask **res) {
+    FrameMask *got = ((FrameMask **)E->m[m].fmasks.p)[s];
+    if (got) {
+        *res = got;
+        return G_OK;
+    }
+    if (E->n_fmasks >= MAX_FRAME_MASKS) frame_masks_free(E);
+    Walk W = WALK_INIT(E);
+    uint8_t *tmp = calloc((size_t)E->vocab_size + 1, 1);
+    FrameMask *f = calloc(1, sizeof(FrameMask));
+    int64_t words = (E->vocab_size + 63) / 64;
+    int rc = G_NOMEM;
+    if (!tmp || !f || !(f->bits = calloc((size_t)words, sizeof(uint64_t)))) goto done;
+    W.sentinel = frame_of(&W, -1, -1, -1);
+    set_clear(&lv[0].set);
+    lv[0].set.n = 0;
+    if (W.sentinel < 0 || set_add(&W, &lv[0].set, (Item){m, s, W.sentinel})) goto done;
+    lv[0].ready = 0;
+    if ((rc = walk_nodes(&W, lv, 0, E->n_nodes, tmp)) != G_OK) goto done;
+    for (int32_t t = 0; t < E->vocab_size; t++)
+        if (tmp[t]) f->bits[t >> 6] |= 1ULL << (t & 63);
+    f->n_exits = (int32_t)W.exits.n;
+    f->exits = W.exits.p, W.exits.p = NULL;
+    ((FrameMask **)E->m[m].fmasks.p)[s] = f;
+    E->n_fmasks++, E->frame_walks++;
+    *res = f, f = NULL;
+    rc = G_OK;
+done:
+    if (f) free(f->bits), free(f);
+    free(tmp);
+    walk_free(&W);
+    return rc;
+}
+
+/* A one-stack configuration with a frame below its top: the top's frame mask, then
+ * each exit continued by the caller. */
+static int stack_mask(Walk *W, Level *lv, Item top, uint8_t *out) {
+    Engine *E = W->E;
+    FrameMask *f;
+    int rc = frame_mask(E, lv, top.m, top.s, &f);
+    if (rc != G_OK) return rc;
+    for (int64_t w = 0; w < (E->vocab_size + 63) / 64; w++) {
+        for (uint64_t x = f->bits[w]; x; x &= x - 1) out[w * 64 + __builtin_ctzll(x)] = 1;
+    }
+    Frame caller = ((Frame *)W->frames.p)[top.below];
+    for (int32_t k = 0; k < f->n_exits; k++) {
+        int32_t j = f->exits[k];
+        uint32_t w = E->node[j];
+        int d = (int)((w >> 8) & 0xffff);
+        Level *L = &lv[d];
+        set_clear(&L->set);
+        W->fresh.n = 0;
+        step_item(W, (Item){caller.m, caller.s, caller.parent}, (uint8_t)(w & 0xff), &L->set);
+        if (W->err) return W->err;
+        if (!L->set.n) continue;
+        L->ready = 0;
+        if (w & (1u << 24)) mark_tokens(E, j, j + 1, out);
+        if ((rc = walk_nodes(W, lv, j + 1, E->next[j], out)) != G_OK) return rc;
+    }
+    return G_OK;
+}
+
+/* out[t] = 1 for every token t some stack of `cfg` can take whole (out is left as it
+ * was elsewhere). Returns 0, or -status. */
+int64_t sgl_gram_mask(Engine *E, const int32_t *cfg, int64_t n, uint8_t *out) {
+    pthread_mutex_lock(&E->mu);
+    Walk W = WALK_INIT(E);
+    Level *lv = levels_new(E);
+    int rc = lv ? read_config(&W, cfg, n, &lv[0].set) : G_NOMEM;
+    if (rc == G_OK && lv[0].set.n == 1 && lv[0].set.v[0].below >= 0) {
+        Item top = lv[0].set.v[0];
+        rc = stack_mask(&W, lv, top, out);
+    } else if (rc == G_OK) {
+        rc = walk_nodes(&W, lv, 0, E->n_nodes, out);
+    }
+    levels_free(E, lv);
+    walk_free(&W);
+    pthread_mutex_unlock(&E->mu);
+    return -rc;
+}
+
+/* [is (m, s)'s frame mask cached, its exit count] (tests, diagnostics). */
+void sgl_gram_frame_info(Engine *E, int32_t m, int32_t s, int64_t *out) {
+    pthread_mutex_lock(&E->mu);
+    FrameMask *f = m >= 0 && m < E->n && s >= 0 && s < E->m[m].fmasks.n ? ((FrameMask **)E->m[m].fmasks.p)[s] : NULL;
+    out[0] = f != NULL;
+    out[1] = f ? f->n_exits : 0;
+    pthread_mutex_unlock(&E->mu);
+}
