@@ -8,7 +8,8 @@ token to one matcher and every state's mask is filled into a bool row and timed,
 the decode loop does. Tables are compiled fresh (no memory or disk cache), so first
 visits to a state pay for their walk and later visits hit the caches, as in serving.
 
-Routes: `cfg` (the general route, cfg_machines.py: what `ebnf` uses), `lalr` (the old
+Routes: `cfg` (the general route, cfg_machines.py: what `ebnf` uses, on the native
+engine), `cfg-numpy` (the same route on the numpy backend, SGL_REGEX_BACKEND=lazy), `lalr` (the old
 GBNF -> Lark LALR(1) translation with our lexer, lark_grammar.py; only for grammars
 that are LALR(1)), and `llguidance` when installed (its own matcher, its mask into a
 bitmask unpacked into the same bool row, for comparison).
@@ -55,10 +56,11 @@ def run_route(name: str, make: Callable[[], Any], docs: list[str], tok: Any) -> 
     compile_ms = (time.perf_counter() - t0) * 1e3
     times: list[float] = []
     row = torch.zeros(tok.vocab_size, dtype=torch.bool)
+    view = row.numpy()  # cleared with a memset, as the sampler does (masks.fill_masks)
     for doc in docs:
         g = compiled.new_matcher()
         for tid in greedy_encode(tok, doc) + [tok.eos_token_ids[0]]:
-            row.zero_()
+            view.fill(False)
             t = time.perf_counter()
             g.fill_mask(row)
             times.append((time.perf_counter() - t) * 1e3)
@@ -100,7 +102,17 @@ def main() -> None:
     VocabWalker.of(tok)  # the per-vocabulary byte table: built once per process, not per grammar
     gbnf = Path(args.grammar).read_text(encoding="utf-8")
     docs = json.loads(Path(args.docs).read_text()) if args.docs else DOCS
-    rows = [run_route("cfg", lambda: compile_tables("ebnf", gbnf, tok, use_cache=False), docs, tok)]
+    compile_tables("regex", "[a-z]+", tok, use_cache=False).new_matcher().allowed_token_ids()  # native library, trie
+
+    def numpy_route() -> Any:
+        os.environ["SGL_REGEX_BACKEND"] = "lazy"
+        try:
+            return compile_tables("ebnf", gbnf, tok, use_cache=False)
+        finally:
+            os.environ.pop("SGL_REGEX_BACKEND", None)
+
+    rows = [run_route("cfg", lambda: compile_tables("ebnf", gbnf, tok, use_cache=False), docs, tok),
+            run_route("cfg-numpy", numpy_route, docs, tok)]
     try:
         rows.append(run_route("lalr", lambda: CompiledLark(gbnf_to_lark(gbnf), tok, kind="ebnf"), docs, tok))
     except Exception as e:  # noqa: BLE001 - a non-LALR grammar: no row
@@ -108,13 +120,16 @@ def main() -> None:
     make = llguidance_make(gbnf, tok)
     if make is not None:
         rows.append(run_route("llguidance", make, docs, tok))
-    print(f"grammar {Path(args.grammar).name}, vocab {tok.vocab_size}, {len(docs)} documents")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from common import cpu_model
+
+    print(f"grammar {Path(args.grammar).name}, vocab {tok.vocab_size}, {len(docs)} documents, host {cpu_model()}")
     keys = list(rows[0])
     print(" | ".join(keys))
     for r in rows:
         print(" | ".join(str(r[k]) for k in keys))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"host": cpu_model(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

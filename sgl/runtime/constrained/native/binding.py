@@ -51,6 +51,7 @@ def _library() -> ctypes.CDLL | None:
                 "sgl_gram_stats": (None, [_P, _P]),
                 "sgl_gram_machine_states": (_I64, [_P, _I32]),
                 "sgl_gram_frame_info": (None, [_P, _I32, _I32, _P]),
+                "sgl_gram_bits_or": (None, [_P, _P, _I64]),
                 "sgl_gram_step": (_I64, [_P, ctypes.c_char_p, _I64, ctypes.c_char_p, _I64, _P, _I64]),
                 "sgl_gram_can_end": (_I32, [_P, ctypes.c_char_p, _I64]),
                 "sgl_gram_mask": (_I64, [_P, ctypes.c_char_p, _I64, _P]),
@@ -185,11 +186,18 @@ class NativeEngine:
             raise self._fail(-r)
         return bool(r)
 
-    def mask_into(self, cfg: Config, out: np.ndarray) -> None:
-        """out[t] = True for every token t a stack can take whole (uint8/bool [vocab])."""
+    def mask_bits(self, cfg: Config, vocab_size: int) -> np.ndarray:
+        """The tokens a stack can take whole, packed: uint64 words, token t at bit t % 64
+        of word t // 64."""
+        out = np.zeros((vocab_size + 63) // 64, dtype=np.uint64)
         r = self._lib.sgl_gram_mask(self._h, cfg, len(cfg) // 4, out.ctypes.data)
         if r < 0:
             raise self._fail(int(-r))
+        return out
+
+    def mask_into(self, cfg: Config, out: np.ndarray) -> None:
+        """out[t] = True for every token t a stack can take whole (bool [vocab])."""
+        bits_or(self.mask_bits(cfg, out.size), out)
 
     def forced(self, cfg: Config, cap: int) -> bytes:
         buf = ctypes.create_string_buffer(cap)
@@ -224,3 +232,10 @@ class NativeEngine:
         out = np.zeros(2, dtype=np.int64)
         self._lib.sgl_gram_frame_info(self._h, m, s, out.ctypes.data)
         return bool(out[0]), int(out[1])
+
+
+def bits_or(bits: np.ndarray, out: np.ndarray) -> None:
+    """out[t] |= bit t of the packed mask `bits`, in place (out: bool/uint8, contiguous)."""
+    lib = _library()
+    assert lib is not None and out.flags.c_contiguous and out.itemsize == 1
+    lib.sgl_gram_bits_or(bits.ctypes.data, out.ctypes.data, out.size)

@@ -3,7 +3,8 @@
 `CompiledNative` answers what a matcher asks (token masks, steps, can-end, forced bytes)
 for configurations, the flat tuples of native/binding.py; matchers are the pushdown's
 (`NativeGrammar`, a history of configurations, so rollback is a pop). Masks are cached
-per configuration (bit-packed, LRU). Builders:
+per configuration as the engine packs them (uint64 words, LRU) and OR'd into a bool
+row in C. Builders:
 
   from_regex(regex)        one machine (regex and choices constraints, single-regex schemas)
   from_machines(spec)      a JSON Schema's machines (json_schema/machines.py): root, subs
@@ -32,7 +33,7 @@ from ..pushdown import _TERMINATED, PushdownGrammar
 from ..pushdown_build import split_calls
 from ..token_trie import TokenTrie
 from ..vocab import TokenizerInfo
-from .binding import Config, NativeEngine, config_of, words_of
+from .binding import Config, NativeEngine, bits_or, config_of, words_of
 from .shorthand import shorthand_tables
 
 _MAX_FORCED_BYTES = 1024
@@ -94,25 +95,30 @@ class CompiledNative:
         return self.engine.forced(config, _MAX_FORCED_BYTES)
 
     # -- masks ------------------------------------------------------------------------
-    def token_mask(self, config: Config) -> np.ndarray:
-        """Bool [vocab_size] of allowed non-EOS tokens in `config` (cached, packed).
+    def token_bits(self, config: Config) -> np.ndarray:
+        """Allowed non-EOS tokens in `config`, packed (uint64 words; cached).
 
         With several stacks (JSON mode), the union of each stack's own mask: stacks step
         independently there, and single stacks recur far more often than their sets
         (a value reached inline and through a call). CFG configurations are walked
         whole, because keeping the shortest stacks couples them."""
-        packed = self._masks.get(config)
-        if packed is not None:
-            return np.unpackbits(packed, count=self.tok.vocab_size).view(bool)
+        got = self._masks.get(config)
+        if got is not None:
+            return got
         if self.engine.json_mode and config[:4] != _ONE:
-            m = np.zeros(self.tok.vocab_size, dtype=bool)
+            bits = np.zeros((self.tok.vocab_size + 63) // 64, dtype=np.uint64)
             for stack in _stacks(config):
-                m |= self.token_mask(stack)
+                bits |= self.token_bits(stack)
         else:
-            m = np.zeros(self.tok.vocab_size, dtype=bool)
-            self.engine.mask_into(config, m)
+            bits = self.engine.mask_bits(config, self.tok.vocab_size)
             self.mask_computes += 1
-        self._masks.put(config, np.packbits(m))
+        self._masks.put(config, bits)
+        return bits
+
+    def token_mask(self, config: Config) -> np.ndarray:
+        """Bool [vocab_size] of allowed non-EOS tokens in `config`."""
+        m = np.zeros(self.tok.vocab_size, dtype=bool)
+        bits_or(self.token_bits(config), m)
         return m
 
 
@@ -140,8 +146,17 @@ class NativeGrammar(PushdownGrammar):
         self.error: GrammarError | None = None
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
+        c: CompiledNative = self.compiled  # type: ignore[assignment]
         try:
-            super().fill_mask(mask_row)
+            if self.config is _TERMINATED:
+                mask_row[c._eos] = True
+                return
+            if mask_row.device.type == "cpu":
+                bits_or(c.token_bits(self.config), mask_row.numpy())
+            else:
+                mask_row[: c.tok.vocab_size] |= torch.from_numpy(c.token_mask(self.config)).to(mask_row.device)
+            if c.can_end(self.config):
+                mask_row[c._eos] = True
         except GrammarError as e:
             self.error = e
             mask_row.fill_(True)

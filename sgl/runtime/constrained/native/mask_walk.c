@@ -15,8 +15,9 @@
  *    walked on. A block machine counting a 32k-character string, or a string machine
  *    called from many places, is walked once, not once per position or caller.
  *
- * Frame masks are bit-packed (a 49k vocabulary: 6 KB each), at most MAX_FRAME_MASKS per
- * engine; past that the cache is dropped and refilled.
+ * Masks are bit-packed (a 49k vocabulary: 6 KB), so a cached frame mask joins a result
+ * in 768 word ORs. At most MAX_FRAME_MASKS are kept per engine; past that the cache is
+ * dropped and refilled.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -102,13 +103,16 @@ static int level_ready(Walk *W, Level *L) {
     return G_OK;
 }
 
-static void mark_tokens(const Engine *E, int32_t from, int32_t to, uint8_t *out) {
-    for (int32_t k = E->tok_start[from]; k < E->tok_start[to]; k++) out[E->tok_ids[k]] = 1;
+static void mark_tokens(const Engine *E, int32_t from, int32_t to, uint64_t *out) {
+    for (int32_t k = E->tok_start[from]; k < E->tok_start[to]; k++) {
+        int32_t t = E->tok_ids[k];
+        out[t >> 6] |= 1ULL << (t & 63);
+    }
 }
 
 /* Walks trie nodes [i, end), whose parents' sets are in lv (lv[depth(i) - 1] set by the
  * caller), marking every token a stack survives. */
-static int walk_nodes(Walk *W, Level *lv, int32_t i, int32_t end, uint8_t *out) {
+static int walk_nodes(Walk *W, Level *lv, int32_t i, int32_t end, uint64_t *out) {
     const Engine *E = W->E;
     while (i < end) {
         uint32_t w = E->node[i];
@@ -192,19 +196,16 @@ static int frame_mask(Engine *E, Level *lv, int32_t m, int32_t s, FrameMask **re
     }
     if (E->n_fmasks >= MAX_FRAME_MASKS) frame_masks_free(E);
     Walk W = WALK_INIT(E);
-    uint8_t *tmp = calloc((size_t)E->vocab_size + 1, 1);
     FrameMask *f = calloc(1, sizeof(FrameMask));
     int64_t words = (E->vocab_size + 63) / 64;
     int rc = G_NOMEM;
-    if (!tmp || !f || !(f->bits = calloc((size_t)words, sizeof(uint64_t)))) goto done;
+    if (!f || !(f->bits = calloc((size_t)words, sizeof(uint64_t)))) goto done;
     W.sentinel = frame_of(&W, -1, -1, -1);
     set_clear(&lv[0].set);
     lv[0].set.n = 0;
     if (W.sentinel < 0 || set_add(&W, &lv[0].set, (Item){m, s, W.sentinel})) goto done;
     lv[0].ready = 0;
-    if ((rc = walk_nodes(&W, lv, 0, E->n_nodes, tmp)) != G_OK) goto done;
-    for (int32_t t = 0; t < E->vocab_size; t++)
-        if (tmp[t]) f->bits[t >> 6] |= 1ULL << (t & 63);
+    if ((rc = walk_nodes(&W, lv, 0, E->n_nodes, f->bits)) != G_OK) goto done;
     f->n_exits = (int32_t)W.exits.n;
     f->exits = W.exits.p, W.exits.p = NULL;
     ((FrameMask **)E->m[m].fmasks.p)[s] = f;
@@ -213,42 +214,54 @@ static int frame_mask(Engine *E, Level *lv, int32_t m, int32_t s, FrameMask **re
     rc = G_OK;
 done:
     if (f) free(f->bits), free(f);
-    free(tmp);
     walk_free(&W);
     return rc;
 }
 
 /* A one-stack configuration with a frame below its top: the top's frame mask, then
- * each exit continued by the caller. */
-static int stack_mask(Walk *W, Level *lv, Item top, uint8_t *out) {
+ * each exit continued by the caller. The caller's set after a byte is the same for
+ * every exit node with that byte, so it is stepped once per byte; an exit node without
+ * children only asks whether that set is empty. */
+static int stack_mask(Walk *W, Level *lv, Item top, uint64_t *out) {
     Engine *E = W->E;
     FrameMask *f;
     int rc = frame_mask(E, lv, top.m, top.s, &f);
     if (rc != G_OK) return rc;
-    for (int64_t w = 0; w < (E->vocab_size + 63) / 64; w++) {
-        for (uint64_t x = f->bits[w]; x; x &= x - 1) out[w * 64 + __builtin_ctzll(x)] = 1;
-    }
+    for (int64_t w = 0; w < (E->vocab_size + 63) / 64; w++) out[w] |= f->bits[w];
+    if (!f->n_exits) return G_OK;
     Frame caller = ((Frame *)W->frames.p)[top.below];
-    for (int32_t k = 0; k < f->n_exits; k++) {
+    ItemSet *after = calloc(256, sizeof(ItemSet)); /* the caller's set after byte b */
+    uint8_t done[256] = {0};
+    if (!after) return G_NOMEM;
+    for (int32_t k = 0; k < f->n_exits && rc == G_OK; k++) {
         int32_t j = f->exits[k];
         uint32_t w = E->node[j];
-        int d = (int)((w >> 8) & 0xffff);
+        int b = (int)(w & 0xff), d = (int)((w >> 8) & 0xffff);
+        if (!done[b]) {
+            done[b] = 1;
+            W->fresh.n = 0;
+            step_item(W, (Item){caller.m, caller.s, caller.parent}, (uint8_t)b, &after[b]);
+            if (W->err) { rc = W->err; break; }
+        }
+        if (!after[b].n) continue;
+        if (w & (1u << 24)) mark_tokens(E, j, j + 1, out);
+        if (E->next[j] == j + 1) continue; /* no subtree */
         Level *L = &lv[d];
         set_clear(&L->set);
-        W->fresh.n = 0;
-        step_item(W, (Item){caller.m, caller.s, caller.parent}, (uint8_t)(w & 0xff), &L->set);
-        if (W->err) return W->err;
-        if (!L->set.n) continue;
+        for (int32_t q = 0; q < after[b].n && rc == G_OK; q++)
+            if (set_add(W, &L->set, after[b].v[q])) rc = W->err;
         L->ready = 0;
-        if (w & (1u << 24)) mark_tokens(E, j, j + 1, out);
-        if ((rc = walk_nodes(W, lv, j + 1, E->next[j], out)) != G_OK) return rc;
+        if (rc == G_OK) rc = walk_nodes(W, lv, j + 1, E->next[j], out);
     }
-    return G_OK;
+    for (int b = 0; b < 256; b++) free(after[b].v), free(after[b].h);
+    free(after);
+    return rc;
 }
 
-/* out[t] = 1 for every token t some stack of `cfg` can take whole (out is left as it
- * was elsewhere). Returns 0, or -status. */
-int64_t sgl_gram_mask(Engine *E, const int32_t *cfg, int64_t n, uint8_t *out) {
+/* Sets bit t of `out` (uint64 words, token t in word t / 64, bit t % 64) for every token
+ * some stack of `cfg` can take whole; other bits are left as they were. Returns 0, or
+ * -status. */
+int64_t sgl_gram_mask(Engine *E, const int32_t *cfg, int64_t n, uint64_t *out) {
     pthread_mutex_lock(&E->mu);
     Walk W = WALK_INIT(E);
     Level *lv = levels_new(E);
@@ -263,6 +276,23 @@ int64_t sgl_gram_mask(Engine *E, const int32_t *cfg, int64_t n, uint8_t *out) {
     walk_free(&W);
     pthread_mutex_unlock(&E->mu);
     return -rc;
+}
+
+/* out[t] |= bit t of `bits`, for t < n: a packed mask into a bool row. */
+void sgl_gram_bits_or(const uint64_t *bits, uint8_t *out, int64_t n) {
+    for (int64_t w = 0; w < (n + 63) / 64; w++) {
+        uint64_t x = bits[w];
+        if (!x) continue;
+        int64_t base = w * 64, lim = n - base < 64 ? n - base : 64;
+        if (x == ~0ULL && lim == 64) {
+            memset(out + base, 1, 64);
+            continue;
+        }
+        for (; x; x &= x - 1) {
+            int b = __builtin_ctzll(x);
+            if (b < lim) out[base + b] = 1;
+        }
+    }
 }
 
 /* [is (m, s)'s frame mask cached, its exit count] (tests, diagnostics). */
