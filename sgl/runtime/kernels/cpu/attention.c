@@ -9,7 +9,10 @@
  *  1. pack: each segment of keys is copied once out of the pool into tiles laid out for
  *     the dot-product instruction (K: 16 keys x d/2 pairs, V: key pairs x d). The first
  *     `shared` slots, identical for every request (a few-shot prompt, forks), are one
- *     segment packed once for all of them; each request's other keys are another.
+ *     segment packed once for all of them; each request's other keys are another. A work
+ *     item packs PACK_KEYS keys of one segment and KV head, so both threads share the
+ *     packing of a single request (a cache hit's short extend over a long prefix, where
+ *     one item per head split the three heads 2:1).
  *  2. attend: a work item is (request, KV head, block of up to 16 tokens). Its rows are
  *     the tokens x the query heads of that KV group, so every K/V tile loaded serves all
  *     of the group's heads (GQA). Rows go through in chunks of up to 4 (d = 64) that keep
@@ -30,6 +33,7 @@
 #define QBLOCK 16   /* tokens per work item */
 #define KTILE 16    /* keys per K tile (one vector of scores) */
 #define KSTEP 32    /* keys per softmax step: two K tiles */
+#define PACK_KEYS 256 /* keys per pack work item (a multiple of KSTEP) */
 
 typedef struct {
     const bf16 *q;
@@ -45,6 +49,7 @@ typedef struct {
     int64_t *seg_off; /* byte offset of segment s (0: shared, 1 + i: request i's own keys) */
     int *seg_pad;     /* its key count rounded up to KSTEP */
     int32_t *items;   /* (request, kv head, first token) per work item */
+    int32_t *packs;   /* (segment, kv head, first key) per pack item */
 } job_t;
 
 static int pad_keys(int n) { return (n + KSTEP - 1) / KSTEP * KSTEP; }
@@ -96,20 +101,24 @@ static void transpose16(const uint32_t *const *src, int col, uint32_t *dst) {
     }
 }
 
-/* Chunk c of the pack phase: segment c / nkv, KV head c % nkv. Rows past the segment's
- * keys are zero, so a zero probability never meets a NaN. */
+/* Keys of segment s (0: the shared prefix, 1 + i: request i's own keys). */
+static int seg_len(const job_t *J, int s) { return s == 0 ? J->shared : J->pre[s - 1] + J->ext[s - 1] - J->shared; }
+
+/* Pack item c: keys [k0, k0 + PACK_KEYS) of segment s, KV head g (J->packs). Rows past the
+ * segment's keys are zero, so a zero probability never meets a NaN. */
 static void pack_chunk(void *arg, int c) {
     const job_t *J = arg;
-    int s = c / J->nkv, g = c % J->nkv, d = J->d, hp = d / 2;
+    int s = J->packs[3 * c], g = J->packs[3 * c + 1], k0 = J->packs[3 * c + 2], d = J->d, hp = d / 2;
     int row = s == 0 ? 0 : s - 1, first = s == 0 ? 0 : J->shared;
-    int n = s == 0 ? J->shared : J->pre[s - 1] + J->ext[s - 1] - J->shared, npad = J->seg_pad[s];
+    int n = seg_len(J, s), npad = J->seg_pad[s];
+    int k1 = k0 + PACK_KEYS < npad ? k0 + PACK_KEYS : npad;
     const int64_t *slots = J->rows + row * J->rs + first;
     static const bf16 zeros[128] __attribute__((aligned(64))) = {0};
     const bf16 *(src[KTILE]);
     uint32_t *kp = (uint32_t *)seg_k(J, s, g);
     bf16 *vp = seg_v(J, s, g);
     /* K: per tile of 16 keys, [hp][16] words (word = a pair of dims) */
-    for (int c0 = 0; c0 < npad; c0 += KTILE) {
+    for (int c0 = k0; c0 < k1; c0 += KTILE) {
         for (int j = c0 + KTILE; j < c0 + 2 * KTILE && j < n; j++) /* the next tile's rows (simd.h) */
             prefetch_l1(J->kb + (slots[j] * J->nkv + g) * d, d * (int)sizeof(bf16));
         for (int j = 0; j < KTILE; j++)
@@ -121,7 +130,7 @@ static void pack_chunk(void *arg, int c) {
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int c0 = 0; c0 < npad; c0 += 2) {
+    for (int c0 = k0; c0 < k1; c0 += 2) {
         for (int j = c0 + KTILE; j < c0 + KTILE + 2 && j < n; j++)
             prefetch_l1(J->vb + (slots[j] * J->nkv + g) * d, d * (int)sizeof(bf16));
         const bf16 *a = c0 < n ? J->vb + (slots[c0] * J->nkv + g) * d : zeros;
@@ -275,15 +284,24 @@ sgl_status sgl_attn_forward(const sgl_attn_params *p) {
     J.seg_off = malloc(sizeof(int64_t) * (nreq + 1));
     J.seg_pad = malloc(sizeof(int) * (nreq + 1));
     J.items = malloc(sizeof(int32_t) * 3 * (nitems + 1));
-    if (!J.seg_off || !J.seg_pad || !J.items) {
-        free(J.seg_off), free(J.seg_pad), free(J.items);
+    int npack = 0;
+    for (int s = 0; s <= nreq; s++) npack += (seg_len(&J, s) + PACK_KEYS - 1) / PACK_KEYS * nkv;
+    J.packs = malloc(sizeof(int32_t) * 3 * (npack + 1));
+    if (!J.seg_off || !J.seg_pad || !J.items || !J.packs) {
+        free(J.seg_off), free(J.seg_pad), free(J.items), free(J.packs);
         return SGL_ERR_NO_MEMORY;
     }
     int64_t off = 0;
+    npack = 0;
     for (int s = 0; s <= nreq; s++) {
-        J.seg_pad[s] = pad_keys(s == 0 ? shared : pre[s - 1] + ext[s - 1] - shared);
+        J.seg_pad[s] = pad_keys(seg_len(&J, s));
         J.seg_off[s] = off;
         off += (int64_t)J.seg_pad[s] * nkv * d * 2 * sizeof(bf16);
+        for (int k0 = 0; k0 < seg_len(&J, s); k0 += PACK_KEYS)
+            for (int g = 0; g < nkv; g++) {
+                J.packs[3 * npack] = s, J.packs[3 * npack + 1] = g, J.packs[3 * npack + 2] = k0;
+                npack++;
+            }
     }
     int n = 0;
     /* Last token blocks first: under the causal mask they see the most keys, and the two
@@ -295,7 +313,6 @@ sgl_status sgl_attn_forward(const sgl_attn_params *p) {
                 n++;
             }
     int team = p->threads > 1 && team_acquire();
-    int npack = (nreq + 1) * nkv;
     if (team) {
         team_run(pack_chunk, &J, npack);
         team_run(attend_chunk, &J, nitems);
@@ -305,7 +322,7 @@ sgl_status sgl_attn_forward(const sgl_attn_params *p) {
         for (int c = 0; c < npack; c++) pack_chunk(&J, c);
         for (int c = 0; c < nitems; c++) attend_chunk(&J, c);
     }
-    free(J.seg_off), free(J.seg_pad), free(J.items);
+    free(J.seg_off), free(J.seg_pad), free(J.items), free(J.packs);
     return SGL_OK;
 #else
     (void)p;
