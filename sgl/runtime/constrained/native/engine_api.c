@@ -73,21 +73,25 @@ int32_t sgl_gram_set_table(Engine *E, int32_t m, const int32_t *trans, const uin
                            int32_t ncalls, int32_t hidden) {
     if (!settable(E, m) || n < 1) return G_BAD_CONFIG;
     Machine *M = &E->m[m];
+    /* Everything is checked before the first state is added: a refused table leaves the
+     * machine unset (no half-built states whose rows were never written). */
+    for (int64_t k = 0; k < (int64_t)n * 256; k++)
+        if (trans[k] < -1 || trans[k] >= n) return G_BAD_CONFIG;
+    for (int32_t k = 0; k < ncalls; k++) {
+        int32_t s = call_src[k];
+        if (s < 0 || s >= n || call_ret[k] < 0 || call_ret[k] >= n || call_callee[k] < 0) return G_BAD_CONFIG;
+        if (k && call_src[k - 1] > s) return G_BAD_CONFIG;
+    }
+    if (E->total_states + n > E->max_states) return G_TOO_LARGE;
     for (int32_t s = 0; s < n; s++) {
         int64_t id = machine_new_state(E, M);
         if (id < 0) return (int32_t)-id;
-        for (int b = 0; b < 256; b++) {
-            int32_t t = trans[(int64_t)s * 256 + b];
-            if (t < -1 || t >= n) return G_BAD_CONFIG;
-        }
         memcpy(row_of(M, s), trans + (int64_t)s * 256, 256 * sizeof(int32_t));
         ((uint8_t *)M->flags.p)[s] = (uint8_t)(F_EXPANDED | (accept[s] ? F_ACCEPT : 0));
     }
     /* calls grouped by source state, in the order given (sorted by src by the caller) */
     for (int32_t k = 0; k < ncalls; k++) {
         int32_t s = call_src[k];
-        if (s < 0 || s >= n || call_ret[k] < 0 || call_ret[k] >= n || call_callee[k] < 0) return G_BAD_CONFIG;
-        if (k && call_src[k - 1] > s) return G_BAD_CONFIG;
         int32_t *cnt = &((int32_t *)M->call_cnt.p)[s];
         if (!*cnt) ((int32_t *)M->call_off.p)[s] = (int32_t)M->calls.n;
         Call c = {call_callee[k], call_ret[k]};
