@@ -285,6 +285,7 @@ static int single_cp(Parser *p, uint32_t cp) {
     if ((p->flags & RE_CALLS) && cp >= MARKER_BASE && cp <= MARKER_END)
         return new_node(p, N_CALL, 0, 0, (int)(cp - MARKER_BASE + 1), 0);
     int64_t from = p->ranges.n;
+    if (cp > p->top) return new_node(p, N_CLASS, (int)from, 0, 0, 0); /* U+10FFFF: as in classes, nothing */
     if (add_range(p, cp, cp)) return -1;
     return new_node(p, N_CLASS, (int)from, 1, 0, 0);
 }
