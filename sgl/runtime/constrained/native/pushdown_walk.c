@@ -119,31 +119,32 @@ static int in_fresh(const Walk *W, int32_t j) {
 
 void step_item(Walk *W, Item it, uint8_t b, ItemSet *out) {
     Engine *E = W->E;
-    Machine *M = &E->m[it.m];
-    int rc = machine_ready(E, M, it.s);
-    if (rc != G_OK) { W->err = rc; return; }
-    uint8_t f = flags_of(M, it.s);
-    int32_t t = row_of(M, it.s)[b];
-    if (t >= 0 && set_add(W, out, (Item){it.m, t, it.below})) return;
-    if (f & F_CALLS) {
-        int32_t off = ((int32_t *)M->call_off.p)[it.s], n = ((int32_t *)M->call_cnt.p)[it.s];
-        for (int32_t k = 0; k < n && !W->err; k++) {
-            Call c = ((Call *)M->calls.p)[off + k]; /* re-read: expansions may move the array */
-            if (in_fresh(W, c.callee)) continue;
-            int32_t nb = push_frame(W, it.m, c.ret, it.below);
-            if (nb < 0 || vec_push(&W->fresh, &c.callee)) { W->err = W->err ? W->err : G_NOMEM; return; }
-            step_item(W, (Item){c.callee, 0, nb}, b, out);
-            W->fresh.n--;
+    for (;;) { /* returns are a loop, not a call: a pop chain is as long as the stack */
+        Machine *M = &E->m[it.m];
+        int rc = machine_ready(E, M, it.s);
+        if (rc != G_OK) { W->err = rc; return; }
+        uint8_t f = flags_of(M, it.s);
+        int32_t t = row_of(M, it.s)[b];
+        if (t >= 0 && set_add(W, out, (Item){it.m, t, it.below})) return;
+        if (f & F_CALLS) {
+            int32_t off = ((int32_t *)M->call_off.p)[it.s], n = ((int32_t *)M->call_cnt.p)[it.s];
+            for (int32_t k = 0; k < n && !W->err; k++) {
+                Call c = ((Call *)M->calls.p)[off + k]; /* re-read: expansions may move the array */
+                if (in_fresh(W, c.callee)) continue;
+                int32_t nb = push_frame(W, it.m, c.ret, it.below);
+                if (nb < 0 || vec_push(&W->fresh, &c.callee)) { W->err = W->err ? W->err : G_NOMEM; return; }
+                step_item(W, (Item){c.callee, 0, nb}, b, out);
+                W->fresh.n--;
+            }
         }
-    }
-    if (it.below >= 0 && (f & F_ACCEPT) && !W->err) {
+        if (it.below < 0 || !(f & F_ACCEPT) || W->err) return;
         if (it.below == W->sentinel) { /* a frame walk: the caller is not known, note where */
             int32_t *e = W->exits.p;
             if ((!W->exits.n || e[W->exits.n - 1] != W->node) && vec_push(&W->exits, &W->node)) W->err = G_NOMEM;
             return;
         }
         Frame fr = ((Frame *)W->frames.p)[it.below];
-        step_item(W, (Item){fr.m, fr.s, fr.parent}, b, out);
+        it = (Item){fr.m, fr.s, fr.parent};
     }
 }
 
