@@ -211,7 +211,7 @@ int machine_expand(Engine *E, Machine *M, int32_t d) {
     for (int b = 0; b < 256; b++) row[b] = by_class[M->cls[b]];
     /* calls: one per callee, returning to the closure of its continuations */
     Call *cs = calls.p;
-    qsort(cs, (size_t)calls.n, sizeof(Call), cmp_call);
+    if (calls.n > 1) qsort(cs, (size_t)calls.n, sizeof(Call), cmp_call); /* cs is NULL when there are none */
     int32_t first = (int32_t)M->calls.n, ncalls = 0;
     for (int64_t i = 0; i < calls.n;) {
         int64_t j = i;
