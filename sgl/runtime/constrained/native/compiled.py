@@ -137,29 +137,51 @@ def _stacks(config: Config) -> list[Config]:
 
 
 class NativeGrammar(PushdownGrammar):
-    """One request's position. A mask that fails (the engine passed its state bound)
-    lets every token through once and records the error, which the next accept_token
-    raises: only this request ends, with the message."""
+    """One request's position. A mask, end test or jump-forward that fails (the engine
+    passed its state bound) records the error and answers harmlessly (every token
+    allowed, not terminated, nothing forced); the next accept_token raises it: only
+    this request ends, with the message. (The scheduler calls is_terminated and
+    jump_forward_string outside its accept_token guard, so those must not raise.)"""
 
     def __init__(self, compiled: CompiledNative) -> None:
         super().__init__(compiled)  # type: ignore[arg-type]
         self.error: GrammarError | None = None
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
-        c: CompiledNative = self.compiled  # type: ignore[assignment]
-        try:
-            if self.config is _TERMINATED:
-                mask_row[c._eos] = True
+        if self.error is None:
+            c: CompiledNative = self.compiled  # type: ignore[assignment]
+            try:
+                if self.config is _TERMINATED:
+                    mask_row[c._eos] = True
+                    return
+                if mask_row.device.type == "cpu":
+                    bits_or(c.token_bits(self.config), mask_row.numpy())
+                else:
+                    mask_row[: c.tok.vocab_size] |= torch.from_numpy(c.token_mask(self.config)).to(mask_row.device)
+                if c.can_end(self.config):
+                    mask_row[c._eos] = True
                 return
-            if mask_row.device.type == "cpu":
-                bits_or(c.token_bits(self.config), mask_row.numpy())
-            else:
-                mask_row[: c.tok.vocab_size] |= torch.from_numpy(c.token_mask(self.config)).to(mask_row.device)
-            if c.can_end(self.config):
-                mask_row[c._eos] = True
+            except GrammarError as e:
+                self.error = e
+        mask_row.fill_(True)
+
+    def is_terminated(self) -> bool:
+        if self.error is not None:
+            return False
+        try:
+            return super().is_terminated()
         except GrammarError as e:
             self.error = e
-            mask_row.fill_(True)
+            return False
+
+    def jump_forward_string(self) -> str | None:
+        if self.error is not None:
+            return None
+        try:
+            return super().jump_forward_string()
+        except GrammarError as e:
+            self.error = e
+            return None
 
     def accept_token(self, token_id: int) -> None:
         if self.error is not None:
