@@ -54,6 +54,20 @@ def test_allof_merge():
           [{"a": 3, "b": "x"}, {"a": 6, "b": "x"}, {"a": 3}, {"b": "x"}, {"a": -1, "b": "y"}])
 
 
+def test_allof_members_meet_the_other_parts_additional_properties():
+    # additionalProperties sees only its own schema's properties: a member an allOf part
+    # declares is "additional" to a sibling part that forbids or constrains extras
+    check({"type": "object", "properties": {"x": {"minimum": 0}}, "additionalProperties": False,
+           "allOf": [{"properties": {"x": {"type": "integer"}, "y": {"type": "string"}}}]},
+          [{"x": 1}, {}, {"x": 1, "y": "a"}, {"y": "a"}, {"x": -1}, {"x": "s"}])
+    check({"type": "object", "additionalProperties": {"type": "integer"},
+           "allOf": [{"properties": {"y": {"minimum": 2}}}]},
+          [{"y": 3}, {"y": 1}, {"y": "s"}, {}, {"z": 5}, {"z": "s"}])
+    check({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False,
+           "allOf": [{"patternProperties": {"^p": {"type": "integer"}}}]},
+          [{"a": 1}, {"a": 1, "p1": 2}, {"p1": 2}, {"a": "s"}])
+
+
 def test_ref_recursion_bounded():
     schema = {"$defs": {"node": {"type": "object", "properties": {
         "v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},

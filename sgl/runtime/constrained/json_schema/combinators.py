@@ -10,6 +10,7 @@ patterns, say) we report the keyword as unsupported rather than guess.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -94,7 +95,9 @@ def merge(a: Any, b: Any, ctx: Context) -> Any:
         av = out[key]
         if key == "type":
             out[key] = _merge_types(types_of(a), types_of(b))
-        elif key in ("properties", "patternProperties"):
+        elif key == "properties":
+            continue  # below: each name also meets the other part's additionalProperties
+        elif key == "patternProperties":
             props = dict(av)
             for name, ps in bv.items():
                 props[name] = {"allOf": [props[name], ps]} if name in props else ps
@@ -119,6 +122,7 @@ def merge(a: Any, b: Any, ctx: Context) -> Any:
             out[key] = list(av) + list(bv)
         elif canon(av) != canon(bv) and key in _VALIDATION:
             ctx.unsupported(key, "cannot intersect two different values")
+    _merge_members(a, b, out, ctx)
     enums = [s for s in (a, b) if "enum" in s or "const" in s]
     if enums:
         sets = [list(s["enum"]) if "enum" in s else [s["const"]] for s in enums]
@@ -126,6 +130,47 @@ def merge(a: Any, b: Any, ctx: Context) -> Any:
         out.pop("const", None)
         out["enum"] = keep
     return out
+
+
+def _governing(name: str, side: dict, ctx: Context) -> Any:
+    """The subschema one part applies to member `name`: its property, else the patterns
+    that match the name, else its additionalProperties."""
+    props = side.get("properties") or {}
+    if name in props:
+        return props[name]
+    matched = []
+    for pat, sub in (side.get("patternProperties") or {}).items():
+        try:
+            if re.search(pat, name):
+                matched.append(sub)
+        except re.error as e:
+            ctx.unsupported("patternProperties", f"{pat!r}: {e}")
+    if matched:
+        return matched[0] if len(matched) == 1 else {"allOf": matched}
+    return side.get("additionalProperties", True)
+
+
+def _merge_members(a: dict, b: dict, out: dict, ctx: Context) -> None:
+    """Members of an intersection of two object schemas. A name one part declares must
+    also satisfy what the other part applies to it: `{"properties": {"x": ...}}` and
+    `{"additionalProperties": false}` together allow no x (additionalProperties looks
+    only at its own schema's properties, not at allOf siblings')."""
+    names = list(dict.fromkeys([*(a.get("properties") or {}), *(b.get("properties") or {})]))
+    if names:
+        props: dict[str, Any] = {}
+        for name in names:
+            parts = [p for p in (_governing(name, a, ctx), _governing(name, b, ctx)) if p is not True and p != {}]
+            props[name] = (False if any(p is False for p in parts) else
+                           parts[0] if len(parts) == 1 else {"allOf": parts} if parts else True)
+        out["properties"] = props
+    for x, y in ((a, b), (b, a)):  # x's patterns on names y does not declare meet y's extras
+        extra = y.get("additionalProperties", True)
+        if not x.get("patternProperties") or extra is True or extra == {}:
+            continue
+        if y.get("patternProperties"):
+            ctx.unsupported("patternProperties", "in two merged parts, one with additionalProperties")
+            return
+        out["patternProperties"] = {pat: {"allOf": [sub, extra]} for pat, sub in x["patternProperties"].items()}
 
 
 _ANNOTATIONS = {
