@@ -235,7 +235,8 @@ class NativeEngine:
 
 
 def bits_or(bits: np.ndarray, out: np.ndarray) -> None:
-    """out[t] |= bit t of the packed mask `bits`, in place (out: bool/uint8, contiguous)."""
+    """out[t] |= bit t of the packed mask `bits`, in place (out: bool/uint8, contiguous).
+    Entries past the mask's bits (a logits row padded past the vocabulary) are untouched."""
     lib = _library()
-    assert lib is not None and out.flags.c_contiguous and out.itemsize == 1
-    lib.sgl_gram_bits_or(bits.ctypes.data, out.ctypes.data, out.size)
+    assert lib is not None and out.flags.c_contiguous and out.itemsize == 1 and bits.flags.c_contiguous
+    lib.sgl_gram_bits_or(bits.ctypes.data, out.ctypes.data, min(out.size, bits.nbytes // 8 * 64))
