@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .context import Context
+from .patterns import name_matches
 
 _MIN_KEYS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _MAX_KEYS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
@@ -141,7 +142,7 @@ def _governing(name: str, side: dict, ctx: Context) -> Any:
     matched = []
     for pat, sub in (side.get("patternProperties") or {}).items():
         try:
-            if re.search(pat, name):
+            if name_matches(pat, name):
                 matched.append(sub)
         except re.error as e:
             ctx.unsupported("patternProperties", f"{pat!r}: {e}")

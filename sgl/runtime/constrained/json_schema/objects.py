@@ -20,7 +20,7 @@ from .combinators import merge
 from .context import Context
 from .keys import key_not_in
 from .machines import SPLIT_CHARS, Machines, shrink
-from .patterns import PatternUnsupported, translate
+from .patterns import PatternUnsupported, name_matches, translate
 
 Convert = Callable[[Any, Context], Frag]
 
@@ -134,7 +134,7 @@ def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Conv
             except PatternUnsupported as e:
                 ctx.unsupported("patternProperties", f"{pat!r}: {e}")
                 return None
-            if any(jsonschema_search(pat, n) for n in declared):
+            if any(name_matches(pat, n) for n in declared):
                 ctx.unsupported("patternProperties", f"{pat!r} also matches a declared name")
                 return None
             bodies.append(body)
@@ -153,11 +153,6 @@ def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Conv
         return None
     return key + ctx.ws + ":" + ctx.ws + value
 
-
-def jsonschema_search(pattern: str, text: str) -> bool:
-    import re
-
-    return re.search(pattern, text) is not None
 
 
 def _check_counts(schema: dict, required: list[str], n_members: int, extras: bool,

@@ -197,3 +197,9 @@ def single_class_repeat(pattern: str) -> tuple[Ranges, int, int | None] | None:
 
 
 __all__ = ["PatternUnsupported", "translate", "single_class_repeat", "intersect"]
+
+
+def name_matches(pattern: str, name: str) -> bool:
+    """Whether a patternProperties pattern applies to member `name` (unanchored search;
+    Python's re stands in for ECMA-262 on the patterns such names meet)."""
+    return re.search(pattern, name) is not None

@@ -19,7 +19,7 @@ marker paths are cut into calls first (pushdown_build.split_calls).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ from ..token_trie import TokenTrie
 from ..vocab import TokenizerInfo
 from .binding import Config, NativeEngine, bits_or, config_of, words_of
 from .shorthand import shorthand_tables
+
+T = TypeVar("T")
 
 _MAX_FORCED_BYTES = 1024
 _CONFIG_CACHE = 4096
@@ -165,23 +167,20 @@ class NativeGrammar(PushdownGrammar):
                 self.error = e
         mask_row.fill_(True)
 
+    def _guarded(self, call: Callable[[], T], harmless: T) -> T:
+        """call(), or `harmless` once the engine has failed (the error is kept for accept_token)."""
+        if self.error is None:
+            try:
+                return call()
+            except GrammarError as e:
+                self.error = e
+        return harmless
+
     def is_terminated(self) -> bool:
-        if self.error is not None:
-            return False
-        try:
-            return super().is_terminated()
-        except GrammarError as e:
-            self.error = e
-            return False
+        return self._guarded(super().is_terminated, False)
 
     def jump_forward_string(self) -> str | None:
-        if self.error is not None:
-            return None
-        try:
-            return super().jump_forward_string()
-        except GrammarError as e:
-            self.error = e
-            return None
+        return self._guarded(super().jump_forward_string, None)
 
     def accept_token(self, token_id: int) -> None:
         if self.error is not None:
