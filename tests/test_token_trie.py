@@ -59,6 +59,13 @@ REGEXES = [
     r"[a-z ]{3,12}\.",
     r"(\w+@\w+\.com)",
     r"(?:[^\x00-\x1f]|\\n){0,24}!",  # counted runs: subtrees allowed whole up to the count
+    # runs that die after a few bytes (a counted string near its bound): short tokens taken by
+    # depth and by the run's token slice, the rest never walked
+    r'"[a-z]{0,5}"',
+    r"[0-9a-f]{40}",
+    r'(?:[^"\\]|\\.){2,30}"x',
+    r"[a-z]{2,9}(?:ab|\.c)",  # the run forks (b, c after a-z) instead of dying
+    r"[ab]{0,3}[a-z]{0,3}q",  # a run whose last bytes live in a narrower class
 ]
 
 
@@ -100,6 +107,20 @@ def test_subtree_tables(real_tok: TokenizerInfo) -> None:
             bits[b >> 6] |= 1 << (b & 63)
         assert [int(x) for x in t.sub_bytes[i]] == bits, i
         assert int(t.height[i]) == max(int(depth[j]) for j in sub) - int(depth[i]) + 1, i
+
+
+def test_level_lists(real_tok: TokenizerInfo) -> None:
+    """Nodes where tokens end, by depth and in preorder within a depth: every such node
+    once, at its own depth (a subtree's tokens of one depth are then one range)."""
+    t = TokenTrie.of(real_tok)
+    depth = (t.node >> 8) & 0xFFFF
+    has = (t.node >> 24) & 1
+    assert t.level_off[0] == 0 and t.level_off[-1] == t.level_nodes.size == int(has.sum())
+    for d in range(t.max_depth + 1):
+        level = t.level_nodes[t.level_off[d]:t.level_off[d + 1]]
+        assert np.all(np.diff(level) > 0), d
+        assert np.all(depth[level] == d) and np.all(has[level] == 1), d
+        assert level.size == int(((depth == d) & (has == 1)).sum()), d
 
 
 def test_without_a_compiler_the_numpy_backend_serves(monkeypatch: pytest.MonkeyPatch) -> None:

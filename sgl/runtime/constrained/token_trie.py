@@ -5,7 +5,10 @@ byte strings of the usable tokens (EOS and empty ones left out, as VocabWalker d
 sorted, their prefixes as nodes in preorder with byte, depth and the end of each subtree,
 and the token ids ending at each node (several ids may share bytes), and the set of bytes
 in each node's subtree (a walk standing in a state that every one of them loops on
-allows the whole subtree at once: most of a JSON string body's tokens). One word per node:
+allows the whole subtree at once: most of a JSON string body's tokens), and the nodes where
+tokens end listed depth by depth in preorder (a subtree's nodes at one depth are one range
+there: a walk whose path dies after a few bytes, a counted string near its bound, takes
+the subtree's short tokens without visiting its deep nodes). One word per node:
 byte | depth << 8 | 1 << 24 where tokens end (native/pushdown_walk.c reads only it and
 `next` in its hot loop). A walk steps each node once from its parent's state and skips
 the whole subtree of a node whose step dies, so a mask costs the live part of the trie.
@@ -66,10 +69,22 @@ class TokenTrie:
         self.vocab_size = tok.vocab_size
         self.num_nodes = n
         self.max_depth = max(depth, default=0)
+        self.level_nodes, self.level_off = _levels(np.array(depth, dtype=np.int64), np.array(tok_count) > 0,
+                                                   self.max_depth)
 
     @staticmethod
     def of(tok: TokenizerInfo) -> "TokenTrie":
         return tok.memo("token_trie", lambda: TokenTrie(tok))
+
+
+def _levels(depth: np.ndarray, has_tokens: np.ndarray, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes where tokens end, by depth and within a depth in preorder (int32), and
+    where each depth starts (int32 [max_depth + 2]: depth d is [off[d], off[d + 1]))."""
+    idx = np.nonzero(has_tokens)[0]
+    order = np.lexsort((idx, depth[idx]))  # stable by depth, then index
+    nodes = idx[order].astype(np.int32)
+    off = np.searchsorted(depth[nodes], np.arange(max_depth + 2)).astype(np.int32)
+    return nodes, off
 
 
 def _subtrees(byte: np.ndarray, depth: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ from ..base import GrammarError
 
 _DIR = Path(__file__).parent
 _SOURCES = [_DIR / n for n in ("grammar.h", "pushdown.h", "regex_nfa.c", "lazy_dfa.c", "pushdown_walk.c",
-                               "mask_walk.c", "engine_api.c")]
+                               "mask_walk.c", "token_slices.c", "engine_api.c")]
 OK, UNSUPPORTED, TOO_LARGE, EMPTY, NOMEM, EMPTY_SUB, TOO_MANY, BAD_CONFIG = range(8)
 _ERR_BUFFER = 100
 RE_CALLS = 1
@@ -45,7 +45,9 @@ def _library() -> ctypes.CDLL | None:
                 "sgl_gram_set_table": (_I32, [_P, _I32, _P, _P, _I32, _P, _P, _P, _I32, _I32]),
                 "sgl_gram_set_intersect": (_I32, [_P, _I32, _P, _I32]),
                 "sgl_gram_finalize": (_I32, [_P, _I32, ctypes.c_char_p, _I32]),
-                "sgl_gram_set_trie": (None, [_P, _P, _P, _P, _P, _P, _P, _I32, _I32, _I32]),
+                "sgl_gram_set_trie": (None, [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I32, _I32, _I32]),
+                "sgl_gram_slices_new": (_P, [_I32]),
+                "sgl_gram_slices_free": (None, [_P]),
                 "sgl_gram_expand_all": (_I64, [_P, _I32]),
                 "sgl_gram_export": (_I32, [_P, _I32, _P, _P]),
                 "sgl_gram_stats": (None, [_P, _P]),
@@ -160,11 +162,14 @@ class NativeEngine:
             raise self._fail(rc)
 
     def set_trie(self, node: np.ndarray, nxt: np.ndarray, tok_start: np.ndarray, tok_ids: np.ndarray,
-                 sub_bytes: np.ndarray, height: np.ndarray, max_depth: int, vocab_size: int) -> None:
-        """The vocabulary's byte trie (token_trie.py); the engine borrows the arrays."""
-        self._keep += [node, nxt, tok_start, tok_ids, sub_bytes, height]
+                 sub_bytes: np.ndarray, height: np.ndarray, level_nodes: np.ndarray, level_off: np.ndarray,
+                 slices: "TokenSlices", max_depth: int, vocab_size: int) -> None:
+        """The vocabulary's byte trie (token_trie.py) and its slice table; the engine
+        borrows them."""
+        self._keep += [node, nxt, tok_start, tok_ids, sub_bytes, height, level_nodes, level_off, slices]
         self._lib.sgl_gram_set_trie(self._h, node.ctypes.data, nxt.ctypes.data, tok_start.ctypes.data,
-                                    tok_ids.ctypes.data, sub_bytes.ctypes.data, height.ctypes.data, node.size,
+                                    tok_ids.ctypes.data, sub_bytes.ctypes.data, height.ctypes.data,
+                                    level_nodes.ctypes.data, level_off.ctypes.data, slices.handle, node.size,
                                     max_depth, vocab_size)
 
     # -- running ----------------------------------------------------------------------
@@ -232,6 +237,25 @@ class NativeEngine:
         out = np.zeros(2, dtype=np.int64)
         self._lib.sgl_gram_frame_info(self._h, m, s, out.ctypes.data)
         return bool(out[0]), int(out[1])
+
+
+class TokenSlices:
+    """One vocabulary's token-slice table (native/token_slices.c), shared by every engine
+    over its trie; built lazily in C, freed with this object (engines keep it alive)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        lib = _library()
+        if lib is None:
+            raise RuntimeError("the native grammar library is not built")
+        self._lib = lib
+        self.handle = lib.sgl_gram_slices_new(vocab_size)
+        if not self.handle:
+            raise MemoryError("sgl_gram_slices_new: out of memory")
+
+    def __del__(self) -> None:
+        h, self.handle = getattr(self, "handle", None), None
+        if h:
+            self._lib.sgl_gram_slices_free(h)
 
 
 def bits_or(bits: np.ndarray, out: np.ndarray) -> None:

@@ -33,7 +33,7 @@ from ..pushdown import _TERMINATED, PushdownGrammar
 from ..pushdown_build import split_calls
 from ..token_trie import TokenTrie
 from ..vocab import TokenizerInfo
-from .binding import Config, NativeEngine, bits_or, config_of, words_of
+from .binding import Config, NativeEngine, TokenSlices, bits_or, config_of, words_of
 from .shorthand import shorthand_tables
 
 T = TypeVar("T")
@@ -51,8 +51,9 @@ class CompiledNative:
         self.tok = tok
         self.kind = kind
         trie = TokenTrie.of(tok)
+        slices = tok.memo("native_token_slices", lambda: TokenSlices(tok.vocab_size))
         engine.set_trie(trie.node, trie.next, trie.tok_start, trie.tok_ids, trie.sub_bytes, trie.height,
-                        trie.max_depth, tok.vocab_size)
+                        trie.level_nodes, trie.level_off, slices, trie.max_depth, tok.vocab_size)
         self._trie = trie
         self.initial: Config = config_of([1, 2, 0, 0])
         self._eos = list(tok.eos_token_ids)

@@ -33,6 +33,8 @@
 #define MARKER_BASE 0x10F000 /* call markers U+10F000 + callee - 1 (machine mode) */
 #define MARKER_END 0x10FFFE
 
+typedef struct Slices Slices;
+
 /* ------------------------------------------------------------------ growable array */
 typedef struct {
     void *p;
@@ -86,10 +88,13 @@ typedef struct {
 
 /* A run of state s: the byte set K that its largest transition class takes to one
  * state, and how many bytes of K in a row stay on such a single path (INT32_MAX on a
- * cycle: a string body looping on itself). */
+ * cycle: a string body looping on itself). `dead`: the path ends because no byte of K
+ * lives after `depth` of them (a counted string's last character); `acc` / `calls`: a
+ * state on the path after s accepts / calls (a pop or a call could outlive the path). */
 typedef struct {
     uint64_t k[4];
     int32_t depth;
+    uint8_t dead, acc, calls;
 } Run;
 
 typedef struct {
@@ -132,12 +137,16 @@ typedef struct {
     int status;     /* sticky: a failed expansion poisons the engine */
     int finalized;
     pthread_mutex_t mu;
-    int64_t n_fmasks, frame_walks; /* cached frame masks; walks that made one */
+    int64_t n_fmasks, frame_walks, frame_borrows; /* cached frame masks; walks that made one; alike states that took one */
+    struct FrameRep *reps; /* frame-mask states by a cheap signature (mask_walk.c) */
+    struct Slices *slices; /* the trie's token slices (token_slices.c), borrowed; or NULL */
+    int64_t reps_cap, reps_n;
     /* the vocabulary's byte trie (token_trie.py), borrowed */
     const uint32_t *node;
     const int32_t *next, *tok_start, *tok_ids;
     const uint64_t *sub_bytes; /* uint64[4] per node: the bytes of its subtree, itself included */
     const int32_t *height;     /* per node: its subtree's depth (a leaf: 1) */
+    const int32_t *level_nodes, *level_off; /* nodes with tokens by depth (level d: [off[d], off[d + 1])) */
     int32_t n_nodes, max_depth, vocab_size;
 } Engine;
 

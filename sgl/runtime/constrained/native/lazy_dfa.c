@@ -80,7 +80,7 @@ int64_t machine_new_state(Engine *E, Machine *M) {
     uint8_t f = 0;
     int32_t z = 0;
     int8_t u = -1;
-    Run none = {{0, 0, 0, 0}, 0};
+    Run none = {{0, 0, 0, 0}, 0, 0, 0, 0};
     void *nofm = NULL;
     if (vec_push(&M->flags, &f) || vec_push(&M->call_off, &z) || vec_push(&M->call_cnt, &z) ||
         vec_push(&M->idem, &u) || vec_push(&M->runs, &none) || vec_push(&M->fmasks, &nofm))
