@@ -71,6 +71,8 @@ class FakePdWorker(JsonServer):
         self.aborted = 0
         self.finished = 0
         self.flushed = 0
+        self.generation = 0  # bumped by reset: a request still held from an earlier test counts nothing
+        self._local = threading.local()
         super().__init__(self._get, self._post)
         # The router closing a connection on us is expected: no tracebacks for it.
         self.server.handle_error = lambda *a: None  # type: ignore[method-assign]
@@ -78,6 +80,12 @@ class FakePdWorker(JsonServer):
     def reset(self, *steps: Step) -> None:
         with self.lock:
             self.steps, self.requests, self.aborted, self.finished = list(steps), [], 0, 0
+            self.generation += 1
+
+    def _count_abort(self) -> None:
+        with self.lock:
+            if self._local.generation == self.generation:
+                self.aborted += 1
 
     def bodies(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -98,6 +106,7 @@ class FakePdWorker(JsonServer):
                 self.flushed += 1
             return 200, {}
         with self.lock:
+            self._local.generation = self.generation
             self.requests.append((path, body, {k.lower(): v for k, v in headers.items()}))
             step = self.steps.pop(0) if self.steps else Step()
         if step.drop:
@@ -168,8 +177,7 @@ class FakePdWorker(JsonServer):
             self._done()  # counted before the last chunk: whoever read the whole answer sees it counted
             chunk(b"")
         except OSError:
-            with self.lock:
-                self.aborted += 1
+            self._count_abort()
 
     def _held(self, h: BaseHTTPRequestHandler, event: threading.Event | None, secs: float,
               until: Callable[[], bool] | None = None) -> bool:
@@ -180,8 +188,7 @@ class FakePdWorker(JsonServer):
             if until is not None and until():
                 return True
             if _peer_closed(h.connection):
-                with self.lock:
-                    self.aborted += 1
+                self._count_abort()
                 return False
             if event is not None:
                 event.wait(0.02)
@@ -191,7 +198,8 @@ class FakePdWorker(JsonServer):
 
     def _done(self) -> None:
         with self.lock:
-            self.finished += 1
+            if self._local.generation == self.generation:
+                self.finished += 1
 
 
 def _peer_closed(conn: socket.socket) -> bool:
