@@ -126,7 +126,8 @@ int32_t sgl_gram_finalize(Engine *E, int32_t root, char *err, int32_t errlen) {
 /* The vocabulary's byte trie (token_trie.py); the arrays must outlive the engine. */
 void sgl_gram_set_trie(Engine *E, const uint32_t *node, const int32_t *next, const int32_t *tok_start,
                        const int32_t *tok_ids, const uint64_t *sub_bytes, const int32_t *height,
-                       const int32_t *level_nodes, const int32_t *level_off, Slices *slices, int32_t n_nodes, int32_t max_depth, int32_t vocab_size) {
+                       const int32_t *level_nodes, const int32_t *level_off, Slices *slices, int32_t n_nodes,
+                       int32_t max_depth, int32_t vocab_size) {
     pthread_mutex_lock(&E->mu);
     E->vocab_size = vocab_size;
     E->node = node, E->next = next, E->tok_start = tok_start, E->tok_ids = tok_ids, E->sub_bytes = sub_bytes;

@@ -134,7 +134,7 @@ static int level_ready(Walk *W, Level *L) {
     return G_OK;
 }
 
-static void mark_tokens(const Engine *E, int32_t from, int32_t to, uint64_t *out) {
+void mark_tokens(const Engine *E, int32_t from, int32_t to, uint64_t *out) {
     for (int32_t k = E->tok_start[from]; k < E->tok_start[to]; k++) {
         int32_t t = E->tok_ids[k];
         out[t >> 6] |= 1ULL << (t & 63);

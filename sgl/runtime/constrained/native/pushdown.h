@@ -46,6 +46,9 @@ void step_item(Walk *W, Item it, uint8_t b, ItemSet *out);
 int step_set(Walk *W, const ItemSet *in, uint8_t b, ItemSet *out);
 int read_config(Walk *W, const int32_t *cfg, int64_t n, ItemSet *out);
 void walk_free(Walk *W);
+/* Sets the bits of the tokens ending at trie nodes [from, to) (mask_walk.c). */
+void mark_tokens(const Engine *E, int32_t from, int32_t to, uint64_t *out);
+
 /* Token slices (token_slices.c): the tokens spelled only with bytes of k, by length. */
 #define SLICE_ROWS 24
 typedef struct {

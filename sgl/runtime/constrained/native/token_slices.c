@@ -37,47 +37,35 @@ void sgl_gram_slices_free(Slices *t) {
     free(t);
 }
 
-/* Builds K's slice: one pass over the trie in preorder, a node's path being pure when
- * its parent's is and its byte is in K. */
+/* Builds K's slice: one pass over the trie in preorder (a node's path is pure when its
+ * parent's is and its byte is in K), the deep token nodes then read from the trie's
+ * depth-ordered level lists. */
 static Slice *build(const Engine *E, int32_t words, const uint64_t k[4]) {
     Slice *s = calloc(1, sizeof(Slice));
-    uint8_t *pure = malloc((size_t)E->max_depth + 2);
+    uint8_t *pure = malloc((size_t)E->max_depth + 2), *node_pure = malloc((size_t)E->n_nodes + 1);
     if (s) s->rows = calloc((size_t)(SLICE_ROWS + 1) * (size_t)words, sizeof(uint64_t));
-    if (!s || !pure || !s->rows) goto fail;
+    if (!s || !pure || !node_pure || !s->rows) goto fail;
     memcpy(s->k, k, sizeof(s->k));
     s->words = words;
-    Vec deep = VEC_OF(int32_t);
     pure[0] = 1;
     for (int32_t i = 0; i < E->n_nodes; i++) {
         uint32_t w = E->node[i];
         int32_t b = (int32_t)(w & 0xff), d = (int32_t)((w >> 8) & 0xffff);
-        pure[d] = pure[d - 1] && ((k[b >> 6] >> (b & 63)) & 1);
-        if (!pure[d] || !(w & TRIE_HAS_TOKENS)) continue;
-        if (d > SLICE_ROWS) {
-            if (vec_push(&deep, &i)) { free(deep.p); goto fail; }
-            continue;
-        }
-        uint64_t *row = s->rows + (int64_t)d * words;
-        for (int32_t q = E->tok_start[i]; q < E->tok_start[i + 1]; q++) {
-            int32_t t = E->tok_ids[q];
-            row[t >> 6] |= 1ULL << (t & 63);
-        }
+        node_pure[i] = pure[d] = pure[d - 1] && ((k[b >> 6] >> (b & 63)) & 1);
+        if (pure[d] && (w & TRIE_HAS_TOKENS) && d <= SLICE_ROWS) mark_tokens(E, i, i + 1, s->rows + (int64_t)d * words);
     }
     for (int32_t r = 1; r <= SLICE_ROWS; r++) /* row r: every length up to r */
         for (int32_t q = 0; q < words; q++) s->rows[(int64_t)r * words + q] |= s->rows[(int64_t)(r - 1) * words + q];
-    /* the deep token nodes by depth (stable: preorder within a depth) */
-    int32_t *v = deep.p, n = (int32_t)deep.n;
-    for (int32_t a = 1; a < n; a++) {
-        int32_t x = v[a], dx = (int32_t)((E->node[x] >> 8) & 0xffff), c = a - 1;
-        while (c >= 0 && (int32_t)((E->node[v[c]] >> 8) & 0xffff) > dx) v[c + 1] = v[c], c--;
-        v[c + 1] = x;
-    }
-    s->deep = v, s->n_deep = n;
-    free(pure);
+    int32_t first = SLICE_ROWS + 1 <= E->max_depth ? E->level_off[SLICE_ROWS + 1] : 0;
+    int32_t last = SLICE_ROWS + 1 <= E->max_depth ? E->level_off[E->max_depth + 1] : 0;
+    if (!(s->deep = malloc(sizeof(int32_t) * (size_t)(last - first + 1)))) goto fail;
+    for (int32_t j = first; j < last; j++)
+        if (node_pure[E->level_nodes[j]]) s->deep[s->n_deep++] = E->level_nodes[j];
+    free(pure), free(node_pure);
     return s;
 fail:
     if (s) free(s->rows), free(s);
-    free(pure);
+    free(pure), free(node_pure);
     return NULL;
 }
 
@@ -98,8 +86,5 @@ void slice_mark(const Engine *E, const Slice *s, int32_t r, uint64_t *out) {
     const uint64_t *row = s->rows + (int64_t)(r < SLICE_ROWS ? r : SLICE_ROWS) * words;
     for (int32_t q = 0; q < words; q++) out[q] |= row[q];
     for (int32_t j = 0; j < s->n_deep && (int32_t)((E->node[s->deep[j]] >> 8) & 0xffff) <= r; j++)
-        for (int32_t q = E->tok_start[s->deep[j]]; q < E->tok_start[s->deep[j] + 1]; q++) {
-            int32_t t = E->tok_ids[q];
-            out[t >> 6] |= 1ULL << (t & 63);
-        }
+        mark_tokens(E, s->deep[j], s->deep[j] + 1, out);
 }
