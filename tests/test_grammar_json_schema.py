@@ -115,6 +115,12 @@ def test_uri_format():
     rx = schema_to_regex({"type": "string", "format": "uri"})
     assert re.fullmatch(rx, '"https://example.com/a?b=c#d"')
     assert not re.fullmatch(rx, '"not a uri"')
+    # RFC 3986: an empty authority (file:///), a query right after the authority, an
+    # absolute path without one; "http://" alone is left out.
+    for good in ("file:///C:/Users/a", "http://a.com?q=1", "urn:/x", "mailto:a@b.c"):
+        assert re.fullmatch(rx, f'"{good}"'), good
+    for bad in ("http://", "1a:b", "x y:z"):
+        assert not re.fullmatch(rx, f'"{bad}"'), bad
 
 
 def test_items_and_counts():
@@ -131,6 +137,25 @@ def test_additional_properties_and_required():
     check({"type": "object", "properties": {"a": {"type": "integer"}},
            "additionalProperties": {"type": "string"}},
           [{}, {"a": 1}, {"a": 1, "z": "s"}, {"z": 2}, {"a": "s"}])
+
+
+def test_untyped_schema_admits_every_type_and_constrains_its_own():
+    # No "type": a keyword applies only to values of its type, as validators read it.
+    check({"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+          [{"a": 1}, {"a": "x"}, {}, "s", 3, None, [1], True])
+    check({"type": "array", "items": {"minLength": 2}}, [["ab"], ["a"], [1, None], [{"k": 1}]])
+    check({"minimum": 3}, [3, 2, "x", 1.5, [0]])
+    check({"items": {"type": "string"}}, [["a"], [1], {"k": 1}, "s"])
+
+
+def test_disjoint_pattern_properties_each_key_meets_its_own_schema():
+    check({"type": "object", "additionalProperties": False,
+           "patternProperties": {"^c_": {"type": "array"}, "^u_": {"type": "object"}}},
+          [{}, {"c_1": [1]}, {"u_1": {}}, {"c_1": [], "u_2": {"x": 1}}, {"c_1": {}},
+           {"u_1": []}, {"z": 1}])
+    check({"type": "object", "additionalProperties": False,
+           "patternProperties": {"^/": {"type": "string"}, "^[^/]": {"type": "integer"}}},
+          [{"/a": "x"}, {"b": 1}, {"/a": 1}, {"b": "x"}, {"": 1}])
 
 
 def test_anyof_oneof_nullable():

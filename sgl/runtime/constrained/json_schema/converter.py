@@ -31,6 +31,7 @@ _ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems",
 _STRING_KW = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 _UNSUPPORTED_ANY = ("not", "if", "then", "else")
+_JSON_TYPES = ("object", "array", "string", "number", "boolean", "null")  # integer is in number
 
 
 def convert(schema: Any, ctx: Context) -> Frag:
@@ -206,9 +207,13 @@ def _infer_types(schema: dict) -> list[str]:
 def _typed(schema: dict, ctx: Context) -> Frag:
     types = types_of(schema)
     if types is None:
-        types = _infer_types(schema)
-        if not types:
+        inferred = _infer_types(schema)
+        if not inferred:
             return any_value(ctx, ANY_VALUE_DEPTH)
+        # No "type": every JSON type is valid and a keyword constrains only values of its
+        # own type ({"properties": ...} admits a string as it is), as validators read it.
+        frags = [_one_type(t, schema, ctx) for t in inferred]
+        return alt(frags + [_one_type(t, {}, ctx) for t in _JSON_TYPES if t not in inferred])
     frags = []
     for t in dict.fromkeys(types):
         if t == "integer" and "number" in types:
@@ -302,9 +307,9 @@ def _kinds(s: Any, ctx: Context) -> set[str] | None:
     if "const" in s or "enum" in s:
         vals = [s["const"]] if "const" in s else s["enum"]
         return {_kind_of(v) for v in vals}
-    t = types_of(s) or _infer_types(s)
+    t = types_of(s)
     if not t:
-        return None
+        return None  # untyped: every kind (its keywords constrain some of them)
     out = set(t)
     if "number" in out:
         out.add("integer")

@@ -48,10 +48,13 @@ _DOMAIN_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?"
 EMAIL = rf"{_EMAIL_LOCAL}@{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})+"
 _URI_CHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})"
 _AUTH_CHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
+# RFC 3986 hier-part: "//" authority (empty in file:///x) then a path or query, an
+# absolute path (urn:/x) or a rootless one (mailto:a@b); then an optional fragment.
 URI = (
     rf"[A-Za-z][A-Za-z0-9+.\-]*:"
-    rf"(?://{_AUTH_CHAR}+(?:/{_URI_CHAR}*)?(?:#{_URI_CHAR}*)?"
-    rf"|[A-Za-z0-9\-._~!$&'()*+,;=:@]{_URI_CHAR}*(?:#{_URI_CHAR}*)?)"
+    rf"(?://(?:{_AUTH_CHAR}+(?:[/?]{_URI_CHAR}*)?|/{_URI_CHAR}*)"
+    rf"|/(?:{_AUTH_CHAR}{_URI_CHAR}*)?"
+    rf"|{_AUTH_CHAR}{_URI_CHAR}*)(?:#{_URI_CHAR}*)?"
 )
 
 FORMATS: dict[str, str] = {

@@ -80,3 +80,27 @@ def _exit_set(key: tuple[tuple[str, ...], bool]) -> Frag:
 
 def _chars(texts: tuple[Frag, ...]) -> int:
     return sum(len(t) for t in texts if t is not None)
+
+
+def disjoint_bodies(bodies: list[str]) -> bool:
+    """Whether no key matches two of these key-body regexes (each pair's DFA product is
+    empty). False when it cannot tell (no C compiler, syntax the native parser leaves
+    out, a DFA past its size limit): callers then keep their conservative spelling."""
+    from ..base import GrammarError
+    from ..dfa_ops import intersect
+    from ..native_dfa import build
+
+    try:
+        dfas = [build(b) for b in bodies]
+    except GrammarError:
+        return False
+    if any(d is None for d in dfas):
+        return False
+    for i, a in enumerate(dfas):
+        for b in dfas[i + 1:]:
+            try:
+                intersect([a, b])  # type: ignore[list-item]
+            except GrammarError:
+                continue  # "matches nothing": this pair is disjoint
+            return False
+    return True

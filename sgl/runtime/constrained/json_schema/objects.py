@@ -18,7 +18,7 @@ from ._regex import STRING, Frag, NEVER, alt, group
 from .charsets import encode_literal
 from .combinators import merge
 from .context import Context
-from .keys import key_not_in
+from .keys import disjoint_bodies, key_not_in
 from .machines import SPLIT_CHARS, Machines, shrink
 from .patterns import PatternUnsupported, name_matches, translate
 
@@ -123,9 +123,8 @@ def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Conv
     patterns = schema.get("patternProperties") or {}
     if additional is False and not patterns:
         return None
-    value_schema: Any = True if additional is False else additional
-    for sub in patterns.values():
-        value_schema = merge(value_schema, sub, ctx)
+    if "propertyNames" in schema:
+        ctx.unsupported("propertyNames", "with additional properties allowed")
     if additional is False:
         bodies = []
         for pat in patterns:
@@ -138,14 +137,19 @@ def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Conv
                 ctx.unsupported("patternProperties", f"{pat!r} also matches a declared name")
                 return None
             bodies.append(body)
+        if len(bodies) > 1 and all(b is not None for b in bodies) and disjoint_bodies(bodies):
+            # Each key meets one pattern only, so its value meets that pattern's schema
+            # alone (the merge below would demand every pattern's schema of every key).
+            return _per_pattern_members(bodies, list(patterns.values()), ctx, convert)
         body = alt(bodies)
         if body is None:
             return None
         key = '"' + body + '"'
     else:
         key = key_not_in(declared) if declared else STRING
-    if "propertyNames" in schema:
-        ctx.unsupported("propertyNames", "with additional properties allowed")
+    value_schema: Any = True if additional is False else additional
+    for sub in patterns.values():
+        value_schema = merge(value_schema, sub, ctx)
     ctx.path.append("additionalProperties")
     value = convert(value_schema, ctx)
     ctx.path.pop()
@@ -153,6 +157,17 @@ def _extra_member(schema: dict, declared: list[str], ctx: Context, convert: Conv
         return None
     return key + ctx.ws + ":" + ctx.ws + value
 
+
+def _per_pattern_members(bodies: list[str], subs: list[Any], ctx: Context,
+                         convert: Convert) -> Frag:
+    members = []
+    for pat_body, sub in zip(bodies, subs):
+        ctx.path.append("patternProperties")
+        value = convert(sub, ctx)
+        ctx.path.pop()
+        if value is not None:
+            members.append('"' + pat_body + '"' + ctx.ws + ":" + ctx.ws + value)
+    return alt(members)
 
 
 def _check_counts(schema: dict, required: list[str], n_members: int, extras: bool,
