@@ -195,12 +195,26 @@ int machine_expand(Engine *E, Machine *M, int32_t d) {
                 for (int c = M->cls[x->lo]; c <= M->cls[x->hi]; c++) targets[base[c] + count[c]++] = x->next;
         }
     }
-    /* pass 2: one closure per byte class */
+    /* pass 2: one closure per distinct target list (classes often share one: the
+     * closure dominates expansion, the compare is cheap) */
     int32_t by_class[256];
+    uint64_t th[256];
+    int16_t slot[512];
+    memset(slot, -1, sizeof(slot));
     for (int c = 0; c < ncls; c++) {
         by_class[c] = -1;
         if (!count[c]) continue;
-        int64_t n = closure(M, targets + base[c], count[c], 0);
+        const int32_t *tl = targets + base[c];
+        th[c] = hash_set(tl, count[c]);
+        int j = (int)(th[c] & 511), same = -1;
+        for (; slot[j] >= 0; j = (j + 1) & 511) {
+            int p = slot[j];
+            if (th[p] == th[c] && count[p] == count[c] &&
+                !memcmp(targets + base[p], tl, sizeof(int32_t) * (size_t)count[c])) { same = p; break; }
+        }
+        if (same >= 0) { by_class[c] = by_class[same]; continue; }
+        slot[j] = (int16_t)c;
+        int64_t n = closure(M, tl, count[c], 0);
         if (!n) continue;
         int64_t t = intern_closure(E, M, n);
         if (t < 0) { status = (int)-t; free(targets); goto done; }
