@@ -15,9 +15,10 @@ Two behaviours, in one run, each on its own engine:
   schema's compact regex) and jump-forward over the whole forced text
   (--disable-jump-forward-healing).
 - `new`: token healing on (what the DSL sends on an sgl backend); the DSL's typed-gen
-  pattern (one optional space or newline before the value, sgl/lang/ir.py TYPED_REGEX_INT)
-  and regex form (the user's regex between an optional space and an optional trailing
-  space/newline, TOLERANT_REGEX); `select` also scores " option" after a prefix that ends
+  pattern (one optional space or newline before the value unless the prompt ends in one,
+  sgl/lang/ir.py typed_regex) and regex form (the user's regex between an optional space,
+  left out after a prompt ending in whitespace, and an optional trailing space/newline,
+  TOLERANT_REGEX); `select` also scores " option" after a prefix that ends
   in a non-space; JSON as the server sends a json_schema now (`json`: one optional space
   between JSON tokens and before the value, registry.DEFAULT_JSON_WHITESPACE, and
   jump-forward holding back a forced tail the model would extend), and compact (`json
@@ -48,7 +49,7 @@ from common import cpu_model, print_table, write_json  # noqa: E402
 from sgl.lang.backends.engine import EngineBackend  # noqa: E402
 from sgl.lang.choices import token_length_normalized  # noqa: E402
 from sgl.lang.interpreter import dtype_constraint, regex_result, typed_result  # noqa: E402
-from sgl.lang.ir import REGEX_INT, TOLERANT_REGEX  # noqa: E402
+from sgl.lang.ir import REGEX_INT, TOLERANT_REGEX, TOLERANT_REGEX_AFTER_SPACE  # noqa: E402
 from sgl.runtime.constrained.regex_grammar import json_schema_to_regex  # noqa: E402
 from sgl.runtime.engine import Engine  # noqa: E402
 
@@ -109,11 +110,13 @@ def run_gens(engine: Engine, prompts: list[str], params: dict[str, Any]) -> list
     return [r["text"] for r in res]
 
 
-def int_methods(mode: str) -> dict[str, tuple[str, dict[str, Any], Any]]:
-    """method -> (prompt head, sampling params, text -> value) for one behaviour."""
+def int_methods(mode: str, end: str) -> dict[str, tuple[str, dict[str, Any], Any]]:
+    """method -> (prompt head, sampling params, text -> value) for one behaviour and one
+    prompt ending (the DSL's patterns depend on whether the prompt ends in whitespace)."""
     heal = mode == "new"
+    after_space = end.endswith((" ", "\n"))
     if heal:
-        regex, stops = dtype_constraint(int)
+        regex, stops = dtype_constraint(int, after_space)
         gen_int = {"regex": regex, "max_new_tokens": 6, **({"stop": stops} if stops else {})}
         gen_int_value = lambda t: as_int(typed_result(t)[1])  # noqa: E731
     else:
@@ -121,7 +124,8 @@ def int_methods(mode: str) -> dict[str, tuple[str, dict[str, Any], Any]]:
         gen_int_value = as_int
     base = {"token_healing": heal}
     user = r"[0-9]+"  # a regex gen as a user writes it; the DSL sends TOLERANT_REGEX of it
-    regex = {"regex": TOLERANT_REGEX.format(user) if heal else user, "max_new_tokens": 6, **base}
+    tolerant = TOLERANT_REGEX_AFTER_SPACE if after_space else TOLERANT_REGEX
+    regex = {"regex": tolerant.format(user) if heal else user, "max_new_tokens": 6, **base}
     out = {
         "gen_int": (NUM_HEAD, {**gen_int, **base}, gen_int_value),
         "regex [0-9]+": (NUM_HEAD, regex, lambda t: as_int(regex_result(t, user)[1])),
@@ -162,10 +166,11 @@ def main() -> None:
         engine = Engine(max_total_tokens=args.max_total_tokens, disable_jump_forward_healing=mode == "today", **caps)
         backend = EngineBackend(engine)
         try:
-            for method, (head, params, value) in int_methods(mode).items():
+            for method in int_methods(mode, ":"):
                 if not wanted(method, words):
                     continue
                 for label, end in SHAPES.items():
+                    head, params, value = int_methods(mode, end)[method]
                     prompts = [f"{head}Question: {it['question']}\nAnswer{end}" for it in ints]
                     texts = run_gens(engine, prompts, params)
                     ok = [value(t) == it["answer"] for t, it in zip(texts, ints)]

@@ -43,9 +43,21 @@ def test_text_and_variables(be):
     assert st["n"] == "24"  # the value alone; the trailing newline leaves the prompt too
     assert st.text() == "Q: hi\nA: A9\nN: 24"
     # SGLang's integer pattern with the whitespace the model may want around it; it ends
-    # itself after one trailing space or newline, so no " " / "\n" stops are sent.
-    assert be.calls[1]["sampling_params"]["regex"] == r"[ \n]?[-+]?[0-9]+[ \n]?"
+    # itself after one trailing space or newline, so no " " / "\n" stops are sent. The
+    # prompt ends in "N: ", so no leading space is allowed on top of it.
+    assert be.calls[1]["sampling_params"]["regex"] == r"[-+]?[0-9]+[ \n]?"
     assert "stop" not in be.calls[1]["sampling_params"]
+
+
+def test_typed_gen_allows_a_leading_space_only_after_a_non_space(be):
+    @sgl.function
+    def prog(s):
+        s += "N:" + sgl.gen_int("a") + "\nM:\n" + sgl.gen_int("b") + "\nR:" + sgl.gen("c", regex="[0-9]+")
+        s += "\nS: " + sgl.gen("d", regex="[0-9]+")
+
+    prog.run(backend=be)
+    sent = [c["sampling_params"]["regex"] for c in be.calls]
+    assert sent == [r"[ \n]?[-+]?[0-9]+[ \n]?", r"[-+]?[0-9]+[ \n]?", "[ ]?(?:[0-9]+)[ \n]?", "(?:[0-9]+)[ \n]?"]
 
 
 def test_run_defaults_and_gen_overrides(be):

@@ -18,9 +18,9 @@ from typing import Any
 
 from sgl.lang.backends.base import Backend, check_result
 from sgl.lang.chat_template import ChatTemplate
-from sgl.lang.ir import (TOLERANT_REGEX, TYPED_REGEX_BOOL, TYPED_REGEX_FLOAT, TYPED_REGEX_INT, TYPED_REGEX_STR, GenParams,
+from sgl.lang.ir import (TOLERANT_REGEX, TOLERANT_REGEX_AFTER_SPACE, TYPED_VALUES, GenParams,
                          SglConstantText, SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect,
-                         SglVariable, SglVarScopeBegin, SglVarScopeEnd)
+                         SglVariable, SglVarScopeBegin, SglVarScopeEnd, typed_regex)
 
 
 class ProgramError(RuntimeError):
@@ -36,18 +36,14 @@ def _as_list(x: Any) -> list:
     return [x] if isinstance(x, str) else list(x)
 
 
-def dtype_constraint(dtype: Any) -> tuple[str, list[str]]:
+def dtype_constraint(dtype: Any, after_space: bool = False) -> tuple[str, list[str]]:
     """(regex, extra stop strings) for gen(dtype=...): SGLang's value patterns with the
-    whitespace the model may want around the value (ir.py TYPED_REGEX_*), no stops."""
-    if dtype in (int, "int"):
-        return TYPED_REGEX_INT, []
-    if dtype in (float, "float"):
-        return TYPED_REGEX_FLOAT, []
-    if dtype in (str, "str"):
-        return TYPED_REGEX_STR, []
-    if dtype in (bool, "bool"):
-        return TYPED_REGEX_BOOL, []
-    raise ValueError(f"gen(dtype=...) must be int, float, str or bool, got {dtype!r}")
+    whitespace the model may want around the value (ir.py typed_regex), no stops.
+    `after_space`: the prompt already ends in a space or newline (no leading one then)."""
+    kind = {int: "int", float: "float", str: "str", bool: "bool"}.get(dtype, dtype)
+    if kind not in TYPED_VALUES:
+        raise ValueError(f"gen(dtype=...) must be int, float, str or bool, got {dtype!r}")
+    return typed_regex(kind, after_space), []
 
 
 def typed_result(text: str) -> tuple[str, str]:
@@ -266,12 +262,13 @@ class StreamExecutor:
         p = params.merged_over(self.default_params)
         sp = dict(p.sampling)
         stop = _as_list(sp.pop("stop", None))
+        after_space = self.text_.endswith((" ", "\n"))
         if p.dtype is not None:
-            regex, extra = dtype_constraint(p.dtype)
+            regex, extra = dtype_constraint(p.dtype, after_space)
             sp["regex"] = regex
             stop += extra
         elif sp.get("regex") is not None:
-            sp["regex"] = TOLERANT_REGEX.format(sp["regex"])
+            sp["regex"] = (TOLERANT_REGEX_AFTER_SPACE if after_space else TOLERANT_REGEX).format(sp["regex"])
         if self.backend.supports_token_healing and "token_healing" not in sp:
             sp["token_healing"] = True  # heal the prompt/gen boundary (sgl backends only)
         if self.cur_role == "assistant":

@@ -30,16 +30,31 @@ REGEX_STR = r"\"[\w\d\s]*\""
 # or newline after which the pattern is complete, so the gen ends by itself where SGLang's
 # " " and "\n" stops would end it (those stops would also fire on the leading space).
 # The variable is stored without the surrounding whitespace, as SGLang stores it.
-TYPED_REGEX_INT = r"[ \n]?[-+]?[0-9]+[ \n]?"
-TYPED_REGEX_FLOAT = r"[ \n]?[-+]?[0-9]*\.?[0-9]+[ \n]?"
-TYPED_REGEX_BOOL = r"[ \n]?(True|False)"
-TYPED_REGEX_STR = r"[ \n]?\"[\w\d\s]*\""
+# After a prompt that already ends in whitespace the leading one is left out (`typed_regex`):
+# the separator is there, token healing lets the model's first token cover it, and a second
+# one only lets the model start a new paragraph instead of answering.
+TYPED_VALUES = {
+    "int": (r"[-+]?[0-9]+", r"[ \n]?"),
+    "float": (r"[-+]?[0-9]*\.?[0-9]+", r"[ \n]?"),
+    "bool": (r"(True|False)", ""),
+    "str": (r"\"[\w\d\s]*\"", ""),
+}
+LEADING_WS = r"[ \n]?"
+
+
+def typed_regex(kind: str, after_space: bool = False) -> str:
+    """The pattern a typed gen of `kind` ("int", "float", "bool", "str") sends."""
+    value, trail = TYPED_VALUES[kind]
+    return ("" if after_space else LEADING_WS) + value + trail
+
 
 # A DSL regex gen R is sent as this: R's match after an optional leading space and before
 # an optional trailing space or newline (after which it is complete, so the gen ends where
 # the model would end the value rather than being forced on into more of R). See
-# interpreter.regex_result for how the whitespace is kept out of the variable.
+# interpreter.regex_result for how the whitespace is kept out of the variable. After a
+# prompt ending in whitespace the leading space is left out, as for typed gens.
 TOLERANT_REGEX = "[ ]?(?:{})[ \n]?"
+TOLERANT_REGEX_AFTER_SPACE = "(?:{})[ \n]?"
 
 # Keys that are request options rather than sampling parameters.
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
