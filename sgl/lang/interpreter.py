@@ -40,8 +40,8 @@ def dtype_constraint(dtype: Any, after_space: bool = False) -> tuple[str, list[s
     """(regex, extra stop strings) for gen(dtype=...): SGLang's value patterns with the
     whitespace the model may want around the value (ir.py typed_regex), no stops.
     `after_space`: the prompt already ends in a space or newline (no leading one then)."""
-    kind = {int: "int", float: "float", str: "str", bool: "bool"}.get(dtype, dtype)
-    if kind not in TYPED_VALUES:
+    kind = dtype.__name__ if dtype in (int, float, str, bool) else dtype
+    if not isinstance(kind, str) or kind not in TYPED_VALUES:  # also an unhashable dtype
         raise ValueError(f"gen(dtype=...) must be int, float, str or bool, got {dtype!r}")
     return typed_regex(kind, after_space), []
 
