@@ -13,6 +13,9 @@ For each schema: declared coverage (compiles within --timeout, in a killable wor
 process), then every test instance is tokenized and driven token by token: accepted iff
 every token is allowed and the end state is final. Compile time p50/p90/p99 and mask
 time p50/p99 (computing the allowed-token set at one step) are reported.
+Engines run one after another, each on its own pool of --workers fresh processes that
+load only that engine, so one engine's memory, threads or timed-out compiles never
+touch another's timings.
 
 Fairness: ours and outlines impose the schema's declared property order and (ours)
 compact spacing, so every engine is fed the same canonical text: json.dumps(compact,
@@ -86,15 +89,48 @@ def tokenizer_json() -> str:
 _W: dict[str, Any] = {}
 
 
-def _init_worker(tok_path: str) -> None:
-    import llguidance
-    import llguidance.hf
-    from outlines_core import Vocabulary
+def _init_worker(tok_path: str, engine: str) -> None:
+    """Load the tokenizer and build the per-tokenizer tables of `engine` only (once per
+    process, not per schema): a worker never holds another engine's memory or threads."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer.from_file(tok_path)
     tj = json.load(open(tok_path))
+    eos = tok.token_to_id("<|im_end|>")
+    _W["tok"], _W["eos"] = tok, eos
+    hf = PreTrainedTokenizerFast(tokenizer_file=tok_path, eos_token="<|im_end|>")
+    if engine == "outlines":
+        _W["vocab"] = _outlines_vocabulary(tj, eos)
+    elif engine == "llg":
+        import llguidance.hf
+
+        _W["llt"] = llguidance.hf.from_tokenizer(hf)
+    elif engine in ("ours", "xgrammar"):
+        from sgl.runtime.constrained.vocab import TokenizerInfo
+
+        os.environ["SGL_GRAMMAR_DISK_CACHE"] = "0"  # every compile is measured cold
+        _W["info"] = TokenizerInfo.from_hf_tokenizer(hf)
+    if engine == "ours":
+        # our byte trie and numpy walker, the native library and its shorthand tables
+        from sgl.runtime.constrained.lazy_regex import VocabWalker
+        from sgl.runtime.constrained.registry import compile_tables
+
+        VocabWalker.of(_W["info"])
+        compile_tables("regex", r"[a-z\d]+", _W["info"], use_cache=False).new_matcher().allowed_token_ids()
+    elif engine == "xgrammar":
+        try:
+            from sgl.runtime.constrained.xgr import xgr_compiler
+
+            _W["xgr"] = xgr_compiler(_W["info"])
+        except Exception:  # noqa: BLE001 - xgrammar not installed: that engine reports errors
+            _W["xgr"] = None
+
+
+def _outlines_vocabulary(tj: dict, eos: int) -> Any:
+    """outlines_core's Vocabulary: token bytes (GPT-2 byte-level alphabet undone) -> ids."""
+    from outlines_core import Vocabulary
+
     special = {a["id"] for a in tj["added_tokens"]}
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     table = {chr(b): b for b in keep}
@@ -107,31 +143,7 @@ def _init_worker(tok_path: str) -> None:
     for t, i in tj["model"]["vocab"].items():
         if i not in special:
             m.setdefault(bytes(table[c] for c in t), []).append(i)
-    eos = tok.token_to_id("<|im_end|>")
-    _W["tok"] = tok
-    _W["vocab"] = Vocabulary(eos, m)
-    _W["eos"] = eos
-    hf = PreTrainedTokenizerFast(tokenizer_file=tok_path, eos_token="<|im_end|>")
-    _W["llt"] = llguidance.hf.from_tokenizer(hf)
-    _W["n_vocab"] = len(tj["model"]["vocab"])
-    from sgl.runtime.constrained.lazy_regex import VocabWalker
-    from sgl.runtime.constrained.vocab import TokenizerInfo
-
-    os.environ["SGL_GRAMMAR_DISK_CACHE"] = "0"  # every compile is measured cold
-    _W["info"] = TokenizerInfo.from_hf_tokenizer(hf)
-    # Per-tokenizer tables are built once per process, not per schema, for every engine:
-    # our byte trie and numpy walker, the native library and its shorthand tables,
-    # xgrammar's compiler (when installed).
-    from sgl.runtime.constrained.registry import compile_tables
-
-    VocabWalker.of(_W["info"])
-    compile_tables("regex", r"[a-z\d]+", _W["info"], use_cache=False).new_matcher().allowed_token_ids()
-    try:
-        from sgl.runtime.constrained.xgr import xgr_compiler
-
-        _W["xgr"] = xgr_compiler(_W["info"])
-    except Exception:  # noqa: BLE001 - xgrammar not installed: that engine reports errors
-        _W["xgr"] = None
+    return Vocabulary(eos, m)
 
 
 def _compile(engine: str, schema: Any) -> Any:
@@ -253,8 +265,8 @@ def run_job(engine: str, path: str) -> dict[str, Any]:
             "mask_ms": [round(t * 1000, 4) for t in mask_times[:200]]}
 
 
-def _worker_loop(tok_path: str, conn: Any) -> None:
-    _init_worker(tok_path)
+def _worker_loop(tok_path: str, engine: str, conn: Any) -> None:
+    _init_worker(tok_path, engine)
     conn.send("ready")
     while True:
         job = conn.recv()
@@ -264,16 +276,17 @@ def _worker_loop(tok_path: str, conn: Any) -> None:
 
 
 class Worker:
-    """One killable process; a job past its timeout kills it and a fresh one starts."""
+    """One killable process for one engine; a job past its timeout kills it and a fresh
+    one starts."""
 
-    def __init__(self, tok_path: str) -> None:
-        self.tok_path = tok_path
+    def __init__(self, tok_path: str, engine: str) -> None:
+        self.tok_path, self.engine = tok_path, engine
         self.start()
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_loop, args=(self.tok_path, child), daemon=True)
+        self.proc = ctx.Process(target=_worker_loop, args=(self.tok_path, self.engine, child), daemon=True)
         self.proc.start()
         self.conn.recv()
         self.job: Any = None
@@ -290,9 +303,21 @@ class Worker:
 
 
 def run_all(files: list[Path], engines: list[str], timeout: float, workers: int) -> dict:
+    """Engines one after another, each on its own pool of `workers` fresh processes: an
+    engine's timings never share a process (heap, caches, threads) or the other cores
+    with another engine's work, whichever engines were selected."""
     tok_path = tokenizer_json()
-    pool = [Worker(tok_path) for _ in range(workers)]
-    jobs = [(e, str(f)) for f in files for e in engines]
+    out: dict[tuple[str, str], dict] = {}
+    for engine in engines:
+        t0 = time.monotonic()
+        out.update(_run_engine(engine, files, tok_path, timeout, workers))
+        print(f"  {engine}: {len(files)} schemas in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+    return out
+
+
+def _run_engine(engine: str, files: list[Path], tok_path: str, timeout: float, workers: int) -> dict:
+    pool = [Worker(tok_path, engine) for _ in range(workers)]
+    jobs = [(engine, str(f)) for f in files]
     out: dict[tuple[str, str], dict] = {}
     done = 0
     while jobs or any(w.job for w in pool):
@@ -311,10 +336,13 @@ def run_all(files: list[Path], engines: list[str], timeout: float, workers: int)
                 w.job = None
                 w.kill()
                 done += 1
-        if done and done % 100 == 0:
-            print(f"  {done} jobs done", file=sys.stderr, flush=True)
+            else:
+                continue
+            if done % 500 == 0:
+                print(f"  {engine}: {done} jobs done", file=sys.stderr, flush=True)
     for w in pool:
         w.conn.send(None)
+        w.proc.join(timeout=10)
     return out
 
 
