@@ -1,12 +1,15 @@
 """CPU path calibration (sgl/runtime/tuning): measured once per host and cached, flags
 override without measuring, a corrupt cache file is ignored and rewritten, the cache key
-follows the CPU and the model, and the fp32 linear path stays within bf16 rounding of the
+follows the CPU and the model, a calibration timed while other processes used the CPUs is
+used but not cached, and the fp32 linear path stays within bf16 rounding of the
 bf16 one with a row's bits independent of its batch."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from sgl.runtime.kernels.cpu.decode import row_limit
 from sgl.runtime.kernels.cpu.linear import Fp32Weight, fp32_weight, linear
 from sgl.runtime.models.llama import tiny_config, tiny_random_model
 from sgl.runtime.tuning import cache as tcache
-from sgl.runtime.tuning import measure
+from sgl.runtime.tuning import host_load, measure
 from sgl.runtime.tuning.calibrate import choose_paths
 
 # Rows of the C step the flag tests ask for: 16 where the build takes them (AVX2), else the
@@ -46,10 +49,24 @@ def _model(**overrides):
     return tiny_random_model(tiny_config(**overrides), dtype=torch.bfloat16)
 
 
-def _choose(tmp_path, model=None, cpuinfo=CPUINFO, **flags):
+class FakeLoad:
+    """Host CPU samples as a neighbour would leave them: `others` CPU-seconds of other
+    processes per wall second between two samples (this process's own time is 0)."""
+
+    def __init__(self, others: float) -> None:
+        self.others, self.t = others, 0.0
+
+    def __call__(self) -> host_load.CpuTimes:
+        self.t += 1.0
+        return host_load.CpuTimes(host_busy_s=self.others * self.t, own_s=0.0, wall_s=self.t)
+
+
+def _choose(tmp_path, model=None, cpuinfo=CPUINFO, load=None, **flags):
     timers = CountingTimers()
     cfg = EngineConfig.from_kwargs(cache_dir=str(tmp_path), **flags)
-    choice = choose_paths(cfg, model if model is not None else _model(), "cpu", timers=timers, cpuinfo=cpuinfo)
+    # A quiet host unless a test says otherwise: the suite's own neighbours must not decide.
+    choice = choose_paths(cfg, model if model is not None else _model(), "cpu", timers=timers, cpuinfo=cpuinfo,
+                          load=load or FakeLoad(0.0))
     return choice, timers.calls
 
 
@@ -71,6 +88,49 @@ def test_second_start_reuses_the_cached_choice_without_measuring(tmp_path):
         {k: "cache" for k, v in first.sources.items() if v == "measured"}
     assert (second.attention_backend, second.linear, second.decode_threads, second.decode_max_rows) == \
         (first.attention_backend, first.linear, first.decode_threads, first.decode_max_rows)
+
+
+def test_a_calibration_timed_beside_busy_processes_is_used_but_not_cached(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="sgl.tuning"):
+        busy, calls = _choose(tmp_path, load=FakeLoad(os.cpu_count() * 0.5))  # half the host's CPUs
+    assert "linear_paths" in calls and busy.sources["linear"] == "busy"
+    assert "measured" not in busy.sources.values() and busy.linear in ("bf16", "fp32")
+    assert _cache_files(tmp_path) == []
+    assert any("not cached" in r.message and "50%" in r.message for r in caplog.records)
+    # The next start measures again; on a quiet host its picks are cached and then reused.
+    quiet, calls = _choose(tmp_path)
+    assert "linear_paths" in calls and quiet.sources["linear"] == "measured"
+    assert len(_cache_files(tmp_path)) == 1
+    _, calls = _choose(tmp_path, load=FakeLoad(os.cpu_count() * 0.5))
+    assert calls == []  # a cached choice is not timed again, busy host or not
+
+
+def test_host_load_share_counts_other_processes_only():
+    before = host_load.CpuTimes(host_busy_s=100.0, own_s=10.0, wall_s=50.0)
+    # 2 CPUs for 1 s: the host was busy 1.5 CPU-s, 1.0 of them this process's own
+    after = host_load.CpuTimes(host_busy_s=101.5, own_s=11.0, wall_s=51.0)
+    assert host_load.others_share(before, after, num_cpus=2) == pytest.approx(0.25)
+    assert host_load.others_share(before, before, num_cpus=2) == 0.0  # no time passed
+    assert host_load.others_share(None, after) == 0.0  # no /proc: counted as quiet
+    # this process's own work is never counted as a neighbour's
+    burn = host_load.CpuTimes(host_busy_s=102.0, own_s=12.0, wall_s=51.0)
+    assert host_load.others_share(before, burn, num_cpus=2) == 0.0
+
+
+def test_host_load_sample_reads_this_host(tmp_path):
+    first = host_load.sample()
+    if first is None:
+        pytest.skip("no /proc/stat on this platform")
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.2:  # burn 0.2 s of this process's CPU
+        pass
+    second = host_load.sample()
+    assert second.own_s - first.own_s >= 0.15
+    assert second.host_busy_s - first.host_busy_s >= 0.1  # our burn is in the host's busy time too
+    assert second.wall_s > first.wall_s
+    assert host_load.sample(tmp_path / "missing") is None
+    (tmp_path / "stat").write_text("garbage\n")
+    assert host_load.sample(tmp_path / "stat") is None
 
 
 def test_flags_override_and_skip_measuring(tmp_path):

@@ -4,6 +4,7 @@ measurements, then new measurements (tuning/measure.py) of whatever is still ope
     flag given ──► that value (nothing timed)
     else cached for this CPU + flags, kernel build, torch, model shapes, threads ──► reuse
     else time the candidates on the model's real shapes ──► cache (merged) ──► use
+                                        (not cached where other processes were busy meanwhile)
 
 Only a bf16 model on the CPU without tensor parallelism is measured; anything else gets
 the flags or today's defaults. The order matters: the linear path is applied to the
@@ -16,13 +17,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from sgl.runtime.config import EngineConfig, cache_dir
 from sgl.runtime.tuning import cache as tcache
-from sgl.runtime.tuning import measure
+from sgl.runtime.tuning import host_load, measure
 from sgl.runtime.tuning.choice import PathChoice
 
 log = logging.getLogger("sgl.tuning")
@@ -32,9 +33,11 @@ FP32_CHECKS = "fp32_linear_checks"  # cache item: weight shape -> rows the fp32 
 
 
 def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, timers: Any = measure,
-                 cpuinfo: str | None = None) -> PathChoice:
+                 cpuinfo: str | None = None,
+                 load: Callable[[], host_load.CpuTimes | None] = host_load.sample) -> PathChoice:
     """The paths for `model` on this host (see the module docstring). `timers` is the
-    measuring module (tests wrap it to count calls); `cpuinfo` replaces /proc/cpuinfo."""
+    measuring module (tests wrap it to count calls); `cpuinfo` replaces /proc/cpuinfo;
+    `load` samples the host's CPU time around the timings (tuning/host_load.py)."""
     from sgl.runtime.attention.registry import resolve_backend_name
     from sgl.runtime.kernels.cpu import binding, build_key
     from sgl.runtime.kernels.cpu.decode import MAX_ROWS, default_threads, row_limit
@@ -73,6 +76,7 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
     path = tcache.cache_path(Path(cache_dir(cfg.cache_dir)), parts)
     cached = tcache.read_items(path, parts)
     session = _Session(cached)
+    before = load()
 
     if picks["attention_backend"] is None:
         names = ["torch"] + (["cpu"] if _c_attention_applies(model) else [])
@@ -100,9 +104,15 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
                     f"threads={picks['decode_threads']}]")
             session.decide_rows(name, rows, lambda: timers.decode_rows(
                 model, kernels, picks["decode_threads"], picks["attention_backend"], rows[1:]), picks, sources)
-    choice = PathChoice(**picks, sources=sources, timings_ms=session.timings)
     if session.measured:
-        tcache.write_items(path, parts, session.items)
+        share = host_load.others_share(before, load())
+        if share > host_load.BUSY_SHARE:
+            log.warning("CPU paths: other processes used %.0f%% of the CPUs while they were timed; using the "
+                        "picks for this start only (not cached: the next start measures again)", 100 * share)
+            sources.update({k: "busy" for k, v in sources.items() if v == "measured"})
+        else:
+            tcache.write_items(path, parts, session.items)
+    choice = PathChoice(**picks, sources=sources, timings_ms=session.timings)
     log.info("CPU paths: %s; timings (ms): %s", choice.describe(), session.timings or "none (cache or flags)")
     return choice
 

@@ -3,7 +3,8 @@
 `PathChoice` is built once per worker (tuning/calibrate.py) and read by the worker build
 (worker/build.py) and `/get_server_info`. Each item's source says why it holds: `flag`
 (an explicit option), `measured` (timed at this start), `cache` (timed at an earlier
-start on the same host, build and model), `only` (a single candidate applies here) or
+start on the same host, build and model), `busy` (timed at this start while other
+processes used the CPUs: used, not cached), `only` (a single candidate applies here) or
 `default` (not measured: not a bf16 CPU model, or tensor parallel).
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ITEMS = ("attention_backend", "linear", "decode_threads", "decode_max_rows")
-SOURCES = ("flag", "measured", "cache", "only", "default")
+SOURCES = ("flag", "measured", "busy", "cache", "only", "default")
 
 
 @dataclass(frozen=True)
