@@ -190,6 +190,9 @@ def tier_load_ms(info: dict[str, Any], tmp: str, redis_url: str | None, reps: in
         return min(times) * 1e3
 
     out = {"host": best(lambda: host.load(pool, loads))}
+    from sgl.runtime.memory.storage.heap import keep_page_buffers_in_heap
+
+    keep_page_buffers_in_heap()  # as a worker with a storage tier runs (worker/build.py)
     stores: dict[str, Any] = {"file": ("file", {"path": os.path.join(tmp, "load-bench")})}
     if redis_url:
         stores["redis"] = ("redis", {"url": redis_url})

@@ -6,6 +6,7 @@ every step."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -258,3 +259,64 @@ def test_storage_hits_stay_storage_when_admission_waits(tmp_path) -> None:
         assert (hit.host_tokens, hit.storage_tokens) == (4 * PAGE, 0)
     finally:
         tier.close()
+
+
+def test_a_finished_storage_lookup_wakes_the_scheduler(tmp_path) -> None:
+    """The reader thread calls `on_prefetch_done` once a request's lookup ends, found or
+    not, with the lookup already marked done (the woken loop must see it finished); the
+    worker build wires it to the scheduler's wake."""
+    import threading
+
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    nbytes = 32
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    hc = HiCache(PAGE, 16, storage=tier)
+    woken: list[bool] = []
+    event = threading.Event()
+
+    def wake() -> None:
+        woken.append(hc.storage_pending(req))  # must already be False when we are woken
+        event.set()
+
+    tier.on_prefetch_done = wake
+    try:
+        p = SamplingParams.from_dict({"max_new_tokens": 1})
+        for uid, stored in ((7, True), (8, False)):  # a hit, then a miss
+            req = Req(rid=str(uid), input_ids=list(range(uid, uid + 2 * PAGE + 1)), params=p, on_output=lambda o: None)
+            req.uid = uid
+            if stored:
+                hashes = hc.hashes(req, 2 * PAGE)
+                store.set([tier.key(h) for h in hashes], [bytes([k]) * nbytes for k in range(2)])
+            event.clear()
+            hc.on_arrival(req)
+            assert event.wait(30), "the lookup never reported that it ended"
+            assert woken[-1] is False
+            assert hc.match(req, 0, 2 * PAGE).storage_tokens == (2 * PAGE if stored else 0)
+            hc.on_finish(req)
+        assert len(woken) == 2
+    finally:
+        tier.close()
+
+
+@pytest.mark.model
+def test_worker_build_wires_storage_lookups_to_the_scheduler_wake(tmp_path) -> None:
+    from sgl.runtime.config import EngineConfig
+    from sgl.runtime.distributed.parallel import TPInfo
+    from sgl.runtime.models.loader import resolve_model_dir
+    from sgl.runtime.worker.build import build_rank, build_scheduler
+
+    cfg = EngineConfig.from_kwargs(max_total_tokens=256, enable_hierarchical_cache=True,
+                                   hicache_storage_backend="file",
+                                   hicache_storage_backend_extra_config=json.dumps({"path": str(tmp_path)}))
+    hf_dir, _ = resolve_model_dir(cfg.model_path, cfg.cache_dir)
+    sched = build_scheduler(cfg, build_rank(cfg, str(hf_dir), TPInfo()))
+    try:
+        tier = sched.kv.hicache.storage
+        assert tier.on_prefetch_done == sched.wake
+        tier.on_prefetch_done()
+        assert sched.inbox.get_nowait() == ("wake",)
+    finally:
+        sched.close()

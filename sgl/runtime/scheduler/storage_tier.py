@@ -10,8 +10,10 @@ those already in the host tier (`exists`, then `get` in batches) and appends eac
 verified page as it arrives. At admission `take` hands over what has arrived (the
 hierarchical cache fills host pages with it and loads them); `must_wait` applies the
 policy: best_effort never waits, wait_complete waits for the lookup to finish, timeout
-waits at most `prefetch_timeout` seconds. A failing backend answers misses, so a request
-only ever loses its hit, never fails.
+waits at most `prefetch_timeout` seconds. A finished lookup calls `on_prefetch_done` (the
+scheduler's wake: an idle loop would otherwise sleep out its 20 ms poll before admitting
+the request that waited). A failing backend answers misses, so a request only ever loses
+its hit, never fails.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class StorageTier:
         self._writes: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue(MAX_QUEUED_WRITES)  # keys, frames
         self._reads: queue.Queue[Prefetch | None] = queue.Queue()
         self._lock = threading.Lock()
+        self.on_prefetch_done: Callable[[], None] | None = None  # thread-safe; set by the worker build
         self.stats: dict[str, float] = {
             "storage_pages_written": 0, "storage_bytes_written": 0, "storage_writes_dropped": 0,
             "storage_pages_prefetched": 0, "storage_bytes_loaded": 0, "storage_prefetch_seconds": 0.0,
@@ -161,6 +164,8 @@ class StorageTier:
                 p.done = True
                 with self._lock:
                     self.stats["storage_prefetch_seconds"] += time.perf_counter() - t0
+                if self.on_prefetch_done is not None and not p.cancelled:
+                    self.on_prefetch_done()
 
     def _prefetch(self, p: Prefetch) -> None:
         if p.cancelled:

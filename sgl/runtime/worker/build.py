@@ -115,7 +115,10 @@ def hicache(cfg: EngineConfig, rm: RankModel) -> Any:
     storage = None
     if cfg.hicache_storage_backend is not None:
         from sgl.runtime.memory.storage import PageStore, make_backend, namespace_for
+        from sgl.runtime.memory.storage.heap import keep_page_buffers_in_heap
         from sgl.runtime.scheduler.storage_tier import StorageTier
+
+        keep_page_buffers_in_heap()  # page-sized reads and frames without fresh mappings each time
 
         extra = dict(cfg.hicache_storage_extra())
         timeout = float(extra.pop("prefetch_timeout", 1.0))
@@ -213,6 +216,8 @@ def build_scheduler(cfg: EngineConfig, rm: RankModel, peers: Any = None) -> Any:
         device=rm.device, executor=StepExecutor(rm.runner, table.table, rm.device, peers, rm.host_pool, rm.pool),
         speculator=speculator(cfg, rm, table),
     )
+    if kv.hicache is not None and kv.hicache.storage is not None:
+        kv.hicache.storage.on_prefetch_done = sched.wake  # a request waiting on storage is admitted at once
     from sgl.runtime.disaggregation import build_role
 
     role = build_role(cfg, rm.pool, sched.wake)
