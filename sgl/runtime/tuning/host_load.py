@@ -2,9 +2,10 @@
 
 A calibration timed next to a busy neighbour picks what wins under contention, and the
 cache then keeps that pick for every later start on the host: measured on an AMD EPYC
-Zen 4 while a test suite ran beside it, the C decode step chose 1 thread (70 vs 51 ms on
-the timing workload with the neighbour) where the quiet host gives 2 (44 vs 70 ms), and
-decode steps ran ~40% slower until the cache file was deleted by hand. So the calibration
+Zen 4 while a test suite ran beside it, the C decode step chose 1 thread (51 vs 60 ms for
+2 on the timing workload) where the quiet host gives 2 (44 vs 70 ms), and kept it until
+the cache file was deleted by hand (`bench_decode_step.py --context 1500`, 1 / 2 / 4 rows:
+14.5 / 24.3 / 47.0 ms on 1 thread, 12.2 / 17.1 / 28.6 on 2). So the calibration
 samples the host's CPU time around its timings; where other processes took more than
 `BUSY_SHARE` of the machine, the picks serve this start but are not cached, and the next
 start measures again.
