@@ -194,8 +194,14 @@ def test_client_errors_pass_through_without_retry(http, prefill, decode):
     r = http.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": -1}})
     assert r.status_code == 400 and r.json() == err
     until(lambda: prefill.aborted == 1, "the prefill request was closed")
-    prefill.reset(Step(status=400, error=err))
+    # The prefill fails only once the decode holds its request: failing at once could beat
+    # the decode request to its worker (seen once in a full run), and a request that never
+    # arrived is never aborted.
+    decode_has_it = threading.Event()
+    prefill.reset(Step(status=400, error=err, hold=decode_has_it))
     decode.reset(Step(hold_s=60))
+    threading.Thread(target=lambda: (until(lambda: len(decode.bodies()) == 1, "the decode got the request"),
+                                     decode_has_it.set()), daemon=True).start()
     r = http.post("/generate", json={"text": "hi"})
     assert r.status_code == 400 and r.json() == err
     until(lambda: decode.aborted == 1, "the decode request was closed")
