@@ -129,8 +129,9 @@ def test_host_load_sample_reads_this_host(tmp_path):
     assert second.host_busy_s - first.host_busy_s >= 0.1  # our burn is in the host's busy time too
     assert second.wall_s > first.wall_s
     assert host_load.sample(tmp_path / "missing") is None
-    (tmp_path / "stat").write_text("garbage\n")
-    assert host_load.sample(tmp_path / "stat") is None
+    for garbage in ("garbage\n", "cpu 1 2 x 4 5 6 7 8\n", "cpu 1 2\n"):
+        (tmp_path / "stat").write_text(garbage)
+        assert host_load.sample(tmp_path / "stat") is None
 
 
 def test_flags_override_and_skip_measuring(tmp_path):

@@ -41,11 +41,14 @@ def sample(proc_stat: Path = _PROC_STAT) -> CpuTimes | None:
         first = proc_stat.read_text().split("\n", 1)[0].split()
     except OSError:
         return None
-    if not first or first[0] != "cpu" or len(first) < 5:
+    if not first or first[0] != "cpu" or len(first) < 6:
         return None
-    ticks = [int(x) for x in first[1:]]
+    try:
+        ticks = [int(x) for x in first[1:]]
+    except ValueError:
+        return None
     # user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
-    busy = sum(ticks[:8]) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
     own = os.times()
     return CpuTimes(busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.monotonic())
 
