@@ -99,6 +99,25 @@ def test_explicit_values_are_checked_too():
         EngineConfig.from_kwargs(regex_backend="lazy")  # a process-wide setting, not an engine option
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hicache_ratio": "2.0"}, r"hicache_ratio must be a number \(int or float\); got '2.0' \(str\)"),
+    ({"page_size": "16"}, r"page_size must be an int; got '16' \(str\)"),
+    ({"page_size": True}, r"page_size must be an int; got True \(bool\)"),
+    ({"enable_hierarchical_cache": 1}, r"enable_hierarchical_cache must be True or False; got 1 \(int\)"),
+    ({"model_path": 3}, r"model_path must be a str; got 3 \(int\)"),
+])
+def test_explicit_values_of_the_wrong_type_name_the_field(kwargs, message):
+    # Explicit Python arguments skip the CLI/variable parser: without the check a string
+    # ratio failed later as "'<=' not supported between instances of 'str' and 'int'".
+    with pytest.raises(TypeError, match=message):
+        EngineConfig.from_kwargs(**kwargs)
+
+
+def test_explicit_values_of_compatible_types_pass():
+    c = EngineConfig.from_kwargs(hicache_ratio=2, mem_fraction=0.1, model_path=None, enable_hierarchical_cache=True)
+    assert (c.hicache_ratio, c.enable_hierarchical_cache) == (2, True)
+
+
 def test_settings_follow_the_environment(clean_env):
     assert not settings().disable_cpu_attention
     clean_env.setenv("SGL_DISABLE_CPU_ATTENTION", "1")

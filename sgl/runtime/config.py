@@ -47,9 +47,18 @@ class SharedOptions:
                                      "(default ~/.cache/sgl)")
 
     def check_choices(self) -> None:
-        """ValueError for a field outside its declared choices (explicit arguments skip parsing)."""
+        """TypeError for a field of the wrong type, ValueError for one outside its declared
+        choices (explicit arguments skip parsing, so `Engine(page_size="16")` lands here)."""
+        types = _types(type(self))
         for f in dataclasses.fields(self):
             allowed, value = f.metadata.get("choices"), getattr(self, f.name)
+            want = types[f.name]
+            # bool is an int subclass and an int is a fine float; a bool is no number here.
+            fits = (value is None or (isinstance(value, want) and not (want is not bool and isinstance(value, bool)))
+                    or (want is float and isinstance(value, int) and not isinstance(value, bool)))
+            if not fits:
+                raise TypeError(f"{f.name} must be {_PY_EXPECTED.get(want, want.__name__)}; "
+                                f"got {value!r} ({type(value).__name__})")
             if allowed and value is not None and value not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
@@ -314,6 +323,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _EXPECTED = {bool: "a boolean (1/true/yes/on or 0/false/no/off)", int: "an integer", float: "a number",
              str: "a string"}
+_PY_EXPECTED = {bool: "True or False", int: "an int", float: "a number (int or float)", str: "a str"}
 
 
 @functools.cache
