@@ -32,3 +32,28 @@ def test_engine_with_quantization_none_reports_none():
         info = eng.get_server_info()
     assert info["quantization"] == "none" and info["quantized_weights"] == {} and info["quantized_weight_bytes"] == 0
     assert "Paris" in out["text"]
+
+
+def test_gguf_linear_path_runs_prefill_on_the_blocks_and_rows_do_not_depend_on_the_batch():
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a town by the sea,",
+               "1, 2, 3, 4, 5,"]
+    sp = {"temperature": 0, "max_new_tokens": 12}
+    # max_running_requests 2 with 4 prompts: later prompts join a running batch mid-way
+    with Engine(max_total_tokens=4096, cpu_linear="gguf", max_running_requests=2) as eng:
+        info = eng.get_server_info()
+        alone = [eng.generate(p, sp)["text"] for p in prompts]
+        eng.flush_cache()
+        together = [o["text"] for o in eng.generate(prompts, sp)]
+        again = eng.generate(prompts[2], sp)  # its prompt is cached now: only the last token is extended
+    assert info["cpu_paths"]["linear"] == "gguf" and info["cpu_paths"]["sources"]["linear"] == "flag"
+    assert together == alone
+    assert again["meta_info"]["cached_tokens"] > 0 and again["text"] == alone[2]
+    assert "Paris" in alone[0] and "6, 7" in alone[3]
+
+
+def test_gguf_linear_path_needs_the_blocks():
+    with Engine(max_total_tokens=4096, quantization="none", cpu_linear="gguf") as eng:
+        info = eng.get_server_info()
+        out = eng.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 8})
+    assert info["cpu_paths"]["linear"] == "bf16"  # warned and stayed on bf16 GEMMs
+    assert "Paris" in out["text"]

@@ -269,3 +269,51 @@ def test_big_decode_batches_split_into_c_steps_only_where_the_c_step_won_every_c
     assert not choice({"c@16": 120.0, "torch@16": 470.0, "c@32": 210.0, "torch@32": 150.0}).decode_split
     assert not choice({}).decode_split  # not measured (flag, single candidate): as before
     assert choice({"c@16": 1.0, "torch@16": 2.0}).info()["decode_split"] is True
+
+
+def _with_q4_1_blocks(model):
+    """The model's projections as Q4_1 GGUF blocks (gguf-py's quantizer), as the loader
+    attaches them for --quantization gguf."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from sgl.runtime.models.gguf_blocks import BlockWeight, GGUFBlocks
+
+    def q(w: torch.Tensor) -> BlockWeight:
+        data = quantize(w.detach().float().numpy(), GGMLQuantizationType.Q4_1)
+        return BlockWeight(int(GGMLQuantizationType.Q4_1), torch.from_numpy(np.ascontiguousarray(data)))
+
+    layers = [{"qkv": q(l.qkv_weight), "o": q(l.o_weight), "gate_up": q(l.gate_up_weight), "down": q(l.down_weight)}
+              for l in model.layers]
+    model.gguf_blocks = GGUFBlocks(layers=layers, embed=None, head=None, tied=True)
+    return model
+
+
+def test_a_model_with_tiled_gguf_blocks_also_times_the_gguf_linear_path(tmp_path):
+    from sgl.runtime.kernels.cpu.linear import TileWeight
+
+    k = binding.kernels()
+    if k is None or k.qgemm_simd() != 1:
+        pytest.skip("the tiled GGUF product is a candidate only on AVX512-VNNI builds")
+    model = _with_q4_1_blocks(_model())
+    choice, calls = _choose(tmp_path, model)
+    timings = choice.timings_ms["linear"]
+    assert set(timings) == {"bf16", "fp32", "gguf"} and choice.sources["linear"] == "measured"
+    assert choice.linear == min(timings, key=timings.get)
+    tiled = isinstance(model.layers[0].packed["qkv_weight"], TileWeight)
+    assert tiled == (choice.linear == "gguf")
+    # the three-candidate answer is its own cache item: a model without blocks never reads it
+    again, calls = _choose(tmp_path, _model())
+    assert "linear_paths" in calls and set(again.timings_ms["linear"]) == {"bf16", "fp32"}
+
+
+def test_gguf_linear_flag_switches_the_projections_or_falls_back(tmp_path):
+    from sgl.runtime.kernels.cpu.linear import TileWeight
+
+    model = _with_q4_1_blocks(_model())
+    choice, calls = _choose(tmp_path, model, cpu_linear="gguf")
+    assert "linear_paths" not in calls and choice.sources["linear"] == "flag" and choice.linear == "gguf"
+    assert all(isinstance(p, TileWeight) for layer in model.layers for p in layer.packed.values())
+    plain, _ = _choose(tmp_path, _model(), cpu_linear="gguf")  # no blocks: warned, bf16 GEMMs
+    assert plain.linear == "bf16"

@@ -104,8 +104,10 @@ class EngineConfig(SharedOptions):
                                           "number up to what the kernel build takes (8 with AVX512-BF16)")
     cpu_linear: str = _f("auto", "how bf16 CPU steps outside the C decode kernel run their matmuls: bf16 GEMMs on "
                                  "the bf16 weights, fp32 GEMMs on fp32 copies (rounded back to bf16; for CPUs "
-                                 "without bf16 matmul hardware), or auto (measured at first start, cached)",
-                         ("auto", "bf16", "fp32"))
+                                 "without bf16 matmul hardware), gguf (int8 activations times the GGUF file's "
+                                 "Q4_0/Q4_1/Q8_0/Q4_K blocks in AVX512-VNNI dot products; needs --quantization "
+                                 "gguf), or auto (measured at first start, cached)",
+                         ("auto", "bf16", "fp32", "gguf"))
     disable_packed_linears: bool = _f(False, "keep small-batch CPU matmuls on the plain weight layout instead of "
                                              "oneDNN's prepacked one (used only where verified bit-identical)")
     tp_size: int = _f(1, "tensor-parallel ranks (processes) the model is split over")

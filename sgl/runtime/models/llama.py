@@ -34,7 +34,8 @@ from sgl.runtime.distributed.parallel import HeadShard, TPInfo, all_reduce, head
 from sgl.runtime.executor.forward_batch import ForwardBatch
 from sgl.runtime.models.config import ModelConfig
 from sgl.runtime.kernels.cpu import ops as cpu_ops
-from sgl.runtime.kernels.cpu.linear import Fp32Weight, PackedWeight, fp32_weight, linear, pack_weight
+from sgl.runtime.kernels.cpu.linear import (Fp32Weight, PackedWeight, TileWeight, fp32_weight, linear, pack_weight,
+                                            tile_weight)
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -136,7 +137,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = _param(2 * inter, c.hidden_size, dtype=dtype)
         self.down_weight = _param(c.hidden_size, inter, dtype=dtype)
         # Each projection's fast form, if any: prepacked bf16, or fp32 (kernels/cpu/linear.py).
-        self.packed: dict[str, PackedWeight | Fp32Weight | None] = {}
+        self.packed: dict[str, PackedWeight | Fp32Weight | TileWeight | None] = {}
 
     @property
     def o_bias_here(self) -> torch.Tensor | None:
@@ -157,6 +158,18 @@ class DecoderLayer(nn.Module):
             fw = fp32_weight(getattr(self, name), biases.get(name), verified)
             if fw is not None:
                 self.packed[name], n = fw, n + 1
+        return n
+
+    def use_tile_linears(self, blocks: dict[str, Any], threads: int) -> int:
+        """Run the projections that have GGUF blocks of a tiled type (`blocks`: this layer's
+        entry of model.gguf_blocks) on int8 dot products (kernels/cpu/qgemm.c); how many switched."""
+        biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias_here}
+        n = 0
+        for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+            b = blocks.get(name.removesuffix("_weight"))
+            tw = tile_weight(b.data, b.wtype, tuple(getattr(self, name).shape), biases.get(name), threads) if b else None
+            if tw is not None:
+                self.packed[name], n = tw, n + 1
         return n
 
     def forward(
@@ -245,6 +258,16 @@ class LlamaForCausalLM(nn.Module):
         if head is not None:
             self.packed_head, n = head, n + 1
         return n, 4 * len(self.layers) + 1
+
+    def use_tile_linears(self, threads: int) -> tuple[int, int]:
+        """Switch the layers' projections to int8 products over the GGUF blocks (where the
+        model carries `gguf_blocks` and the type has a tile form); (switched, total). The
+        LM head keeps its path: a prefill computes it for a few rows only."""
+        blocks = getattr(self, "gguf_blocks", None)
+        total = 4 * len(self.layers)
+        if blocks is None:
+            return 0, total
+        return sum(layer.use_tile_linears(b, threads) for layer, b in zip(self.layers, blocks.layers)), total
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:

@@ -83,8 +83,11 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
         session.decide("attention_backend", "attention_backend", names,
                        lambda: timers.attention_backends(model, names), picks, sources)
     if picks["linear"] is None:
-        session.decide("linear", "linear", ["bf16", "fp32"], lambda: timers.linear_paths(model.layers[0]),
-                       picks, sources)
+        tiles = _layer0_tiles(model, kernels)
+        # A model with tiled GGUF blocks has a third candidate: its own cache item.
+        session.decide("linear" if tiles is None else "linear[bf16,fp32,gguf]", "linear",
+                       ["bf16", "fp32"] + ([] if tiles is None else ["gguf"]),
+                       lambda: timers.linear_paths(model.layers[0], tiles=tiles), picks, sources)
     picks["linear"] = _apply_linear_value(model, picks["linear"], session)
     if picks["decode_threads"] is None:
         if not c_step:
@@ -180,10 +183,44 @@ def _c_attention_applies(model: Any) -> bool:
     return cpu_backend.kernel_supported(probe)
 
 
+def _tile_threads() -> int:
+    return 2 if torch.get_num_threads() >= 2 else 1
+
+
+def _layer0_tiles(model: Any, kernels: Any) -> list | None:
+    """Layer 0's projections in tile form (kernels/cpu/qgemm.c), to time the gguf linear
+    path; None where the build has no AVX512-VNNI or the model no tiled GGUF blocks."""
+    from sgl.runtime.kernels.cpu.linear import tile_weight
+
+    blocks = getattr(model, "gguf_blocks", None)
+    if kernels is None or kernels.qgemm_simd() != 1 or blocks is None or not hasattr(model, "use_tile_linears"):
+        return None
+    layer, b = model.layers[0], blocks.layers[0]
+    tiles = []
+    for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+        blk = b.get(name.removesuffix("_weight"))
+        tw = tile_weight(blk.data, blk.wtype, tuple(getattr(layer, name).shape), None, _tile_threads()) if blk else None
+        if tw is None:
+            return None
+        tiles.append(tw)
+    return tiles
+
+
 def _apply_linear_value(model: Any, linear: str, session: _Session | None = None) -> str:
-    """Switch the model's projections to fp32 GEMMs when `linear` is fp32; the path in
-    effect. The per-shape bit-stability checks (seconds for a big LM head) are kept in
-    the session's cache file as item FP32_CHECKS."""
+    """Switch the model's projections to fp32 GEMMs when `linear` is fp32, or to int8
+    products over the GGUF blocks when it is gguf; the path in effect. The per-shape
+    bit-stability checks (seconds for a big LM head) are kept in the session's cache file
+    as item FP32_CHECKS."""
+    if linear == "gguf":
+        switched, total = model.use_tile_linears(_tile_threads()) if hasattr(model, "use_tile_linears") else (0, 0)
+        if not switched:
+            log.warning("--cpu-linear gguf needs a GGUF model loaded with --quantization gguf on the CPU (one rank) "
+                        "with Q4_0/Q4_1/Q8_0/Q4_K matrices: staying on bf16 GEMMs")
+            return "bf16"
+        if switched < total:
+            log.info("gguf linear path: %d of %d projections have tiled GGUF blocks; the others stay bf16",
+                     switched, total)
+        return "gguf"
     if linear != "fp32":
         return linear
     if not hasattr(model, "use_fp32_linears") or model.embed_tokens.device.type != "cpu":

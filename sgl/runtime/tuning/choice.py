@@ -20,7 +20,7 @@ SOURCES = ("flag", "measured", "busy", "cache", "only", "default")
 @dataclass(frozen=True)
 class PathChoice:
     attention_backend: str  # the attention backend's name for prefill/extend: "cpu" | "torch" | "triton"
-    linear: str  # bf16 CPU matmuls outside the C decode step: "bf16" | "fp32"
+    linear: str  # bf16 CPU matmuls outside the C decode step: "bf16" | "fp32" | "gguf"
     decode_threads: int  # threads of the C decode step: 1 | 2
     decode_max_rows: int  # most rows of a step that runs on the C decode step
     sources: dict[str, str] = field(default_factory=dict)  # item -> one of SOURCES

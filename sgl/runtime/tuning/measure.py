@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl.runtime.executor.forward_batch import ForwardBatch
+from sgl.runtime.kernels.cpu.linear import tile_mm
 from sgl.runtime.memory.kv_pool import KVPool
 
 PREFILL_ROWS = 256  # a prefill chunk's rows for the linear and attention timings
@@ -67,8 +68,9 @@ class Bench:
         return ForwardBatch.build(ids, loc, [0], [self.context], [self.new], self.table)
 
 
-def linear_paths(layer: Any, rows: int = PREFILL_ROWS, reps: int = 2) -> dict[str, float]:
-    """One layer's four projections on `rows` bf16 rows: bf16 GEMMs vs fp32 GEMMs on fp32 copies."""
+def linear_paths(layer: Any, rows: int = PREFILL_ROWS, reps: int = 2, tiles: list | None = None) -> dict[str, float]:
+    """One layer's four projections on `rows` bf16 rows: bf16 GEMMs vs fp32 GEMMs on fp32
+    copies, and with `tiles` (the four in qgemm.c's tile form) int8 products over GGUF blocks."""
     ws = [layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight]
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(rows, w.shape[1], generator=g).to(torch.bfloat16) for w in ws]
@@ -82,8 +84,15 @@ def linear_paths(layer: Any, rows: int = PREFILL_ROWS, reps: int = 2) -> dict[st
         for x, w in zip(xs, w32):
             F.linear(x.float(), w).to(torch.bfloat16)
 
+    def gguf() -> None:
+        for x, tw in zip(xs, tiles or []):
+            tile_mm(x, tw)
+
     with torch.inference_mode():
-        return {"bf16": median_ms(bf16, reps), "fp32": median_ms(fp32, reps)}
+        out = {"bf16": median_ms(bf16, reps), "fp32": median_ms(fp32, reps)}
+        if tiles is not None:
+            out["gguf"] = median_ms(gguf, reps)
+        return out
 
 
 def attention_backends(model: Any, names: list[str], reps: int = 3) -> dict[str, float]:

@@ -103,6 +103,10 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sgl_quant_row_bytes": (_i64, [_i, _i]),
     "sgl_quant_gemv": (_i, [_i, _p, _i, _i, _p, _i, _p]),
     "sgl_quant_dequant": (_i, [_i, _p, _i, _i, _p]),
+    "sgl_qgemm_simd": (_i, []),
+    "sgl_qgemm_packed_bytes": (_i64, [_i, _i, _i]),
+    "sgl_qgemm_pack": (_i, [_i, _p, _i, _i, _p]),
+    "sgl_qgemm": (_i, [_p, _i, _i, _i, _p, _i, _p, _p, _i]),
     "sgl_attn_simd": (_i, []),
     "sgl_attn_ws_bytes": (_i64, [ctypes.POINTER(AttnParams)]),
     "sgl_attn_forward": (_i, [ctypes.POINTER(AttnParams)]),
@@ -156,6 +160,21 @@ class Kernels:
 
     def quant_dequant(self, wtype: int, w: int, rows: int, n_in: int, out: int) -> Status:
         return Status(self.lib.sgl_quant_dequant(wtype, w, rows, n_in, out))
+
+    # ---- many-row products over GGUF blocks in tile form
+    def qgemm_simd(self) -> int:
+        """The tiled block product's vector code: 0 plain C, 1 AVX512-VNNI."""
+        return int(self.lib.sgl_qgemm_simd())
+
+    def qgemm_packed_bytes(self, wtype: int, out: int, n_in: int) -> int:
+        return int(self.lib.sgl_qgemm_packed_bytes(wtype, out, n_in))
+
+    def qgemm_pack(self, wtype: int, w: int, out: int, n_in: int, packed: int) -> Status:
+        return Status(self.lib.sgl_qgemm_pack(wtype, w, out, n_in, packed))
+
+    def qgemm(self, packed: int, wtype: int, out: int, n_in: int, x: int, rows: int, bias: int | None, y: int,
+              threads: int) -> Status:
+        return Status(self.lib.sgl_qgemm(packed, wtype, out, n_in, x, rows, bias, y, threads))
 
     # ---- attention
     def attn_simd(self) -> bool:

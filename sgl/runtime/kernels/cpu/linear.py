@@ -142,9 +142,57 @@ def fp32_mm(x: torch.Tensor, fw: Fp32Weight) -> torch.Tensor:
     return y[:n] if n < fw.min_rows else y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, packed: PackedWeight | Fp32Weight | None,
+@dataclass(frozen=True)
+class TileWeight:
+    """A GGUF-block matrix in qgemm.c's tile form: products with int8-quantized activation
+    rows in integer dot products (the `gguf` linear path, chosen by measurement where the
+    build has AVX512-VNNI). A row's result does not depend on the rows beside it."""
+
+    tiles: torch.Tensor  # uint8, sgl_qgemm_packed_bytes
+    wtype: int  # binding.WeightType
+    out: int
+    n_in: int
+    bias: torch.Tensor | None  # bf16 [out]
+    threads: int  # 1, or 2: the decode step's team of two threads
+
+
+def tile_weight(block: torch.Tensor, wtype: int, shape: tuple[int, int], bias: torch.Tensor | None,
+                threads: int) -> TileWeight | None:
+    """The tile form of one matrix of GGUF blocks (uint8 [out, row bytes]), or None where
+    the type has none (Q6_K) or the kernels are not built here."""
+    from sgl.runtime.kernels.cpu.binding import Status, kernels
+
+    k = kernels()
+    out, n_in = shape
+    size = k.qgemm_packed_bytes(wtype, out, n_in) if k is not None else 0
+    if not size or tuple(block.shape) != (out, k.quant_row_bytes(wtype, n_in)):
+        return None
+    tiles = torch.empty(size, dtype=torch.uint8)
+    if k.qgemm_pack(wtype, block.contiguous().data_ptr(), out, n_in, tiles.data_ptr()) != Status.OK:
+        return None
+    b = bias.detach().to(torch.bfloat16).contiguous() if bias is not None else None
+    return TileWeight(tiles, wtype, out, n_in, b, threads)
+
+
+def tile_mm(x: torch.Tensor, tw: TileWeight) -> torch.Tensor:
+    """bf16(x @ W.T + b) over the tile form (qgemm.c)."""
+    from sgl.runtime.kernels.cpu.binding import Status, kernels
+
+    x = x.to(torch.bfloat16).contiguous()
+    y = torch.empty(x.shape[0], tw.out, dtype=torch.bfloat16)
+    if x.shape[0]:
+        st = kernels().qgemm(tw.tiles.data_ptr(), tw.wtype, tw.out, tw.n_in, x.data_ptr(), x.shape[0],
+                             tw.bias.data_ptr() if tw.bias is not None else None, y.data_ptr(), tw.threads)
+        if st != Status.OK:
+            raise RuntimeError(f"tiled GGUF product failed: {st.message}")
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, packed: PackedWeight | Fp32Weight | TileWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ bias) on the weight's fast form where it has one (`packed`)."""
+    if isinstance(packed, TileWeight):
+        return tile_mm(x, packed)
     if isinstance(packed, Fp32Weight):
         return fp32_mm(x, packed)
     if packed is not None and x.shape[0] <= packed.max_rows:

@@ -73,6 +73,18 @@ sgl_status sgl_quant_gemv(int type, const void *W, int out, int in, const uint16
 /* W's `rows` rows dequantized into out [rows, in]. */
 sgl_status sgl_quant_dequant(int type, const void *W, int rows, int in, float *out);
 
+/* ---- many-row products over GGUF blocks, tiled for int8 dot products (qgemm.c) -------- */
+
+int sgl_qgemm_simd(void); /* 0: plain C, 1: AVX512-VNNI */
+/* Bytes of `out` x `in` weights of `type` in tile form; 0: no tile form (Q6_K, bf16, ...). */
+int64_t sgl_qgemm_packed_bytes(int type, int out, int in);
+/* W ([out] rows of `type` blocks) rewritten into `packed` (sgl_qgemm_packed_bytes bytes). */
+sgl_status sgl_qgemm_pack(int type, const void *W, int out, int in, void *packed);
+/* Y [rows, out] (bf16) = X [rows, in] (bf16) . W^T (+ bias [out], bf16 or NULL), with
+ * `threads` 1 or 2 (the decode step's team). */
+sgl_status sgl_qgemm(const void *packed, int type, int out, int in, const uint16_t *X, int rows, const uint16_t *bias,
+                     uint16_t *Y, int threads);
+
 /* ---- attention over the KV pool (attention.c) ------------------------------------------ */
 
 typedef struct {
