@@ -68,7 +68,7 @@ class Bench:
         return ForwardBatch.build(ids, loc, [0], [self.context], [self.new], self.table)
 
 
-def linear_paths(layer: Any, rows: int = PREFILL_ROWS, reps: int = 2, tiles: list | None = None) -> dict[str, float]:
+def linear_paths(layer: Any, rows: int = PREFILL_ROWS, reps: int = 5, tiles: list | None = None) -> dict[str, float]:
     """One layer's four projections on `rows` bf16 rows: bf16 GEMMs vs fp32 GEMMs on fp32
     copies, and with `tiles` (the four in qgemm.c's tile form) int8 products over GGUF blocks."""
     ws = [layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight]
@@ -88,10 +88,13 @@ def linear_paths(layer: Any, rows: int = PREFILL_ROWS, reps: int = 2, tiles: lis
         for x, tw in zip(xs, tiles or []):
             tile_mm(x, tw)
 
+    # Three warm-up runs each: torch's OpenMP threads spin for a while after its GEMMs and
+    # would share the cores with the first tiled products (measured: 4.5-8.5 ms right
+    # after a bf16 product vs 3.5-4.1 back to back, as a prefill runs them).
     with torch.inference_mode():
-        out = {"bf16": median_ms(bf16, reps), "fp32": median_ms(fp32, reps)}
+        out = {"bf16": median_ms(bf16, reps, 3), "fp32": median_ms(fp32, reps, 3)}
         if tiles is not None:
-            out["gguf"] = median_ms(gguf, reps)
+            out["gguf"] = median_ms(gguf, reps, 3)
         return out
 
 

@@ -43,42 +43,26 @@ int64_t sgl_qgemm_packed_bytes(int type, int out, int in) {
     return (int64_t)((out + TILE_OUT - 1) / TILE_OUT) * (in / 32) * TILE_BYTES;
 }
 
-static float half(const uint8_t *p) { /* IEEE half (unaligned) as float, exactly */
-    float f;
-    uint16_t h;
-    memcpy(&h, p, 2);
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (e == 0 && man == 0) u = sign;
-    else if (e == 0) {
-        e = 127 - 15 + 1;
-        while (!(man & 0x400u)) man <<= 1, e--;
-        u = sign | (e << 23) | ((man & 0x3ffu) << 13);
-    } else if (e == 31) u = sign | 0x7f800000u | (man << 13);
-    else u = sign | ((e + 127 - 15) << 23) | (man << 13);
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Block i of a weight row as (u[32], d, m) with value d * u + m. */
 static void block_um(int type, const uint8_t *row, int i, uint8_t *u, float *d, float *m) {
     if (type == SGL_T_Q8_0) {
         const uint8_t *w = row + 34 * i;
-        *d = half(w);
+        *d = h2f(w);
         *m = -128.f * *d;
         for (int k = 0; k < 32; k++) u[k] = (uint8_t)((int)(int8_t)w[2 + k] + 128);
     } else if (type == SGL_T_Q4_0 || type == SGL_T_Q4_1) {
         int q41 = type == SGL_T_Q4_1;
         const uint8_t *w = row + (q41 ? 20 : 18) * i, *qs = w + (q41 ? 4 : 2);
-        *d = half(w);
-        *m = q41 ? half(w + 2) : -8.f * *d;
+        *d = h2f(w);
+        *m = q41 ? h2f(w + 2) : -8.f * *d;
         for (int k = 0; k < 16; k++) u[k] = qs[k] & 0xF, u[k + 16] = qs[k] >> 4;
     } else { /* Q4_K: super-block i / 8, sub-block i % 8 */
-        const uint8_t *w = row + 144 * (i / 8), *s = w + 4;
+        const uint8_t *w = row + 144 * (i / 8);
         int j = i % 8, p = j / 2;
-        int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        *d = half(w) * (float)sc;
-        *m = -(half(w + 2) * (float)mn);
+        uint8_t sc[8], mn[8];
+        k4_scales(w + 4, sc, mn);
+        *d = h2f(w) * (float)sc[j];
+        *m = -(h2f(w + 2) * (float)mn[j]);
         for (int k = 0; k < 32; k++) u[k] = j % 2 ? w[16 + 32 * p + k] >> 4 : w[16 + 32 * p + k] & 0xF;
     }
 }
@@ -134,18 +118,11 @@ static void quant_row_into_group(const bf16 *x, int in, uint8_t *g, int r) {
         *s = *d * (float)sum;
     }
 #else
-    uint8_t row[8192 + 8 * 256]; /* q8_row's layout for in <= 8192, else the slow way below */
-    uint8_t *tmp = in <= 8192 ? row : (uint8_t *)malloc((size_t)q8_row_bytes(in));
-    if (!tmp) return; /* the caller checked memory for the big buffer; a huge row falls back to zeros */
-    q8_row(x, in, tmp);
-    const float *d = (const float *)(tmp + in), *s = d + nb;
     for (int i = 0; i < nb; i++) {
         uint8_t *blk = g + (int64_t)i * GROUP_BLK;
-        memcpy(blk + 32 * r, tmp + 32 * i, 32);
-        memcpy(blk + MR * 32 + 4 * r, &d[i], 4);
-        memcpy(blk + MR * 32 + 4 * MR + 4 * r, &s[i], 4);
+        float *d = (float *)(blk + MR * 32) + r;
+        q8_block(x + 32 * i, (int8_t *)blk + 32 * r, d, d + MR);
     }
-    if (tmp != row) free(tmp);
 #endif
 }
 

@@ -37,58 +37,28 @@
 #include <immintrin.h>
 #endif
 
-/* An IEEE half at p (unaligned) as float: exact either way. */
-static inline float h2f(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (e == 0 && man == 0) u = sign;
-    else if (e == 0) { /* subnormal: normalize into float's range */
-        e = 127 - 15 + 1;
-        while (!(man & 0x400u)) man <<= 1, e--;
-        u = sign | (e << 23) | ((man & 0x3ffu) << 13);
-    } else if (e == 31) u = sign | 0x7f800000u | (man << 13);
-    else u = sign | ((e + 127 - 15) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
-/* Q4_K's packed 6-bit scales and mins of its 8 sub-blocks (gguf-py's get_scale_min). */
-static inline void k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
-        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+void q8_block(const bf16 *x, int8_t *q, float *d, float *s) {
+    float amax = 0.f;
+    for (int k = 0; k < 32; k++) {
+        float a = fabsf(bf2f(x[k]));
+        amax = a > amax ? a : amax;
     }
+    float id = amax > 0.f ? 127.f / amax : 0.f;
+    int sum = 0;
+    for (int k = 0; k < 32; k++) {
+        int v = (int)nearbyintf(bf2f(x[k]) * id);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[k] = (int8_t)v;
+        sum += v;
+    }
+    *d = amax / 127.f;
+    *s = *d * (float)sum;
 }
 
 void q8_row(const bf16 *x, int in, uint8_t *out) {
     int nb = in / 32;
-    int8_t *q = (int8_t *)out;
     float *d = (float *)(out + in), *s = d + nb;
-    for (int i = 0; i < nb; i++) {
-        float amax = 0.f;
-        for (int k = 0; k < 32; k++) {
-            float a = fabsf(bf2f(x[32 * i + k]));
-            amax = a > amax ? a : amax;
-        }
-        float id = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
-        for (int k = 0; k < 32; k++) {
-            int v = (int)nearbyintf(bf2f(x[32 * i + k]) * id);
-            v = v > 127 ? 127 : v < -127 ? -127 : v;
-            q[32 * i + k] = (int8_t)v;
-            sum += v;
-        }
-        d[i] = amax / 127.f;
-        s[i] = d[i] * (float)sum;
-    }
+    for (int i = 0; i < nb; i++) q8_block(x + 32 * i, (int8_t *)out + 32 * i, &d[i], &s[i]);
 }
 
 #ifdef Q_AVX2
