@@ -238,7 +238,8 @@ def main() -> None:
     print(f"host: {cpu_model()}; {os.cpu_count()} CPUs, {args.threads} threads per system, load average "
           f"{load_before[0]:.1f} before / {load_after[0]:.1f} after (other processes share the CPUs); "
           f"copy bandwidth {host.bandwidth_gbs:.1f} GB/s, matmul bf16 {host.bf16_tflops:.3f} / fp32 "
-          f"{host.fp32_tflops:.3f} TFLOP/s; {shape.params / 1e6:.1f}M params, "
+          f"{host.fp32_tflops:.3f} / int8 over GGUF blocks {host.int8_tflops:.3f} TFLOP/s; "
+          f"{shape.params / 1e6:.1f}M params, "
           f"KV {shape.kv_bytes_per_token() / 1e3:.1f} kB/token")
     print_table(f"(a) single stream: decode ({args.decode_tokens} tokens) vs bandwidth bound, "
                 f"prefill ({t} tokens) vs compute bound", rows_a)
@@ -254,6 +255,7 @@ def main() -> None:
     write_json("bench_peers.json", {
         "threads": args.threads, "loadavg_before": load_before, "loadavg_after": load_after,
         "bandwidth_gbs": host.bandwidth_gbs, "bf16_tflops": host.bf16_tflops, "fp32_tflops": host.fp32_tflops,
+        "int8_tflops": host.int8_tflops,
         "params": shape.params, "prefill_flops": prefill_flops(shape, t),
         "job": {k: v for k, v in vars(args).items()}, "single_stream": rows_a, "shared_prefix": rows_b,
         "long": rows_c, "targets": rows_t, "kernels": rows_k, "raw": results})

@@ -66,6 +66,33 @@ def measure_fp32_tflops(n: int = 2048, reps: int = 5) -> float:
     return measure_tflops(torch.float32, n, reps)
 
 
+def measure_int8_tflops(n: int = 2048, reps: int = 5) -> float:
+    """The rate of our tiled int8 product over GGUF blocks (kernels/cpu/qgemm.c, the
+    `--cpu-linear gguf` path) on an n x n Q8_0 matrix (best of `reps`), in TFLOP/s of the
+    equivalent float product; 0 where the build has no AVX512-VNNI (the path is not offered)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from sgl.runtime.kernels.cpu.binding import kernels
+    from sgl.runtime.kernels.cpu.linear import tile_mm, tile_weight
+
+    k = kernels()
+    if k is None or k.qgemm_simd() != 1:
+        return 0.0
+    w = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    blocks = torch.from_numpy(np.ascontiguousarray(quantize(w, GGMLQuantizationType.Q8_0)))
+    tw = tile_weight(blocks, int(GGMLQuantizationType.Q8_0), (n, n), None, min(2, torch.get_num_threads()))
+    x = torch.randn(n, n, dtype=torch.bfloat16)
+    tile_mm(x, tw)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        tile_mm(x, tw)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12
+
+
 def measure_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     """Square matmul rate in `dtype` (best of `reps`)."""
     a = torch.randn(n, n, dtype=dtype)

@@ -5,7 +5,8 @@ time is at least (weight bytes + KV bytes) / measured memory bandwidth; it must 
 2 FLOPs per weight per row, so at least FLOPs / measured matmul rate. A prefill is bound
 by its FLOPs (the matmuls plus causal attention) over the best measured matmul rate of the
 dtypes a system could choose here (bf16 where the CPU has bf16 units, fp32 where it has
-not: on AVX2-only hosts fp32 GEMMs are several times faster). Every bound is a rate in
+not: on AVX2-only hosts fp32 GEMMs are several times faster; our int8 products over GGUF
+blocks where the build has AVX512-VNNI). Every bound is a rate in
 tokens/s, so a row can print its own number next to it.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import measure_bandwidth_gbs, measure_bf16_tflops, measure_fp32_tflops
+from common import measure_bandwidth_gbs, measure_bf16_tflops, measure_fp32_tflops, measure_int8_tflops
 
 
 @dataclass(frozen=True)
@@ -21,14 +22,15 @@ class Host:
     bandwidth_gbs: float  # large-copy read+write bandwidth
     bf16_tflops: float
     fp32_tflops: float
+    int8_tflops: float = 0.0  # tiled int8 products over GGUF blocks (0: not offered here)
 
     @property
     def matmul_tflops(self) -> float:
-        return max(self.bf16_tflops, self.fp32_tflops)
+        return max(self.bf16_tflops, self.fp32_tflops, self.int8_tflops)
 
 
 def measure_host() -> Host:
-    return Host(measure_bandwidth_gbs(), measure_bf16_tflops(), measure_fp32_tflops())
+    return Host(measure_bandwidth_gbs(), measure_bf16_tflops(), measure_fp32_tflops(), measure_int8_tflops())
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,11 @@ def sgl_kernels(eng: Engine) -> str:
     k = binding.kernels()
     parts = [f"dtype {info.get('dtype')}", f"C decode step {_SIMD.get(k.decode_simd(), '?') if k else 'unavailable'}",
              f"{info.get('cpu_decode_steps', 0)} C decode steps"]
-    for key in ("quantization", "attention_backend", "path_choice"):
-        if key in info:
-            parts.append(f"{key} {info[key]}")
+    if "quantization" in info:
+        parts.append(f"quantization {info['quantization']}")
+    paths = info.get("cpu_paths") or {}
+    parts += [f"{item} {paths[item]} ({paths.get('sources', {}).get(item, '?')})"
+              for item in ("attention_backend", "linear", "decode_threads", "decode_max_rows") if item in paths]
     return "; ".join(parts)
 
 
