@@ -95,13 +95,16 @@ def test_abort_frees_kv(tp2):
     assert info["num_running_reqs"] == 0 and info["kv_used_tokens"] == info["kv_evictable_tokens"]
 
 
-def test_bf16_few_shot_capitals_same_text_as_tp1(engine):
+def test_bf16_few_shot_capitals_same_text_as_tp1():
     shots = "France: Paris\nGermany: Berlin\nItaly: Rome\nSpain: Madrid\n"
     prompts = [shots + c + ":" for c in ("Japan", "Egypt", "Canada", "Portugal")]
     sp = {"temperature": 0, "max_new_tokens": 4, "stop": ["\n"]}
     with Engine(tp_size=2, max_total_tokens=2048) as bf16_tp2:
         b = bf16_tp2.generate(prompts, sp)
-    a = engine.generate(prompts, sp)
+    # Ranks have no GGUF blocks, so tp 2 prefills with bf16 GEMMs: tp 1 on the same path
+    # (its calibration may pick the int8 gguf products, another rounding, on VNNI hosts).
+    with Engine(max_total_tokens=2048, cpu_linear="bf16") as tp1:
+        a = tp1.generate(prompts, sp)
     assert [o["text"] for o in b] == [o["text"] for o in a]
 
 

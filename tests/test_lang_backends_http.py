@@ -51,7 +51,7 @@ def test_openai_backend_chat_and_unsupported_features(runtime):
     info = runtime.endpoint.model_info
     model = info.get("served_model_name") or info["model_path"]
     backend = sgl.OpenAI(model, base_url=runtime.url + "/v1", api_key="none")
-    st = multi_turn.run("What is the capital of France?", "And of Japan?", backend=backend, temperature=0)
+    st = multi_turn.run("Which city is the capital of France?", "And of Japan?", backend=backend, temperature=0)
     assert [m["role"] for m in st.messages()] == ["system", "user", "assistant", "user", "assistant"]
     assert "paris" in st["a1"].lower()
 

@@ -46,7 +46,9 @@ def multi_turn(s, q1, q2):
 
 
 def check_multi_turn_chat(backend):
-    st = multi_turn.run("What is the capital of France?", "And what is the capital of Japan?",
+    # "Which city": a clear first token on every CPU path (bf16, fp32 and the int8 gguf
+    # products); "What is the capital of France?" is a near tie that the gguf path answers in French.
+    st = multi_turn.run("Which city is the capital of France?", "And what is the capital of Japan?",
                         backend=backend, temperature=0)
     msgs = st.messages()
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
