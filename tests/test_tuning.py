@@ -301,7 +301,7 @@ def test_a_model_with_tiled_gguf_blocks_also_times_the_gguf_linear_path(tmp_path
     timings = choice.timings_ms["linear"]
     assert set(timings) == {"bf16", "fp32", "gguf"} and choice.sources["linear"] == "measured"
     assert choice.linear == min(timings, key=timings.get)
-    tiled = isinstance(model.layers[0].packed["qkv_weight"], TileWeight)
+    tiled = isinstance(model.layers[0].packed.get("qkv_weight"), TileWeight)
     assert tiled == (choice.linear == "gguf")
     # the three-candidate answer is its own cache item: a model without blocks never reads it
     again, calls = _choose(tmp_path, _model())
