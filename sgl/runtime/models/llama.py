@@ -160,17 +160,23 @@ class DecoderLayer(nn.Module):
                 self.packed[name], n = fw, n + 1
         return n
 
-    def use_tile_linears(self, blocks: dict[str, Any], threads: int) -> int:
-        """Run the projections that have GGUF blocks of a tiled type (`blocks`: this layer's
-        entry of model.gguf_blocks) on int8 dot products (kernels/cpu/qgemm.c); how many switched."""
+    def tile_forms(self, blocks: dict[str, Any], threads: int) -> dict[str, TileWeight]:
+        """The projections that have GGUF blocks of a tiled type (`blocks`: this layer's entry
+        of model.gguf_blocks) in qgemm.c's tile form, by weight name."""
         biases = {"qkv_weight": self.qkv_bias, "o_weight": self.o_bias_here}
-        n = 0
+        out = {}
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             b = blocks.get(name.removesuffix("_weight"))
             tw = tile_weight(b.data, b.wtype, tuple(getattr(self, name).shape), biases.get(name), threads) if b else None
             if tw is not None:
-                self.packed[name], n = tw, n + 1
-        return n
+                out[name] = tw
+        return out
+
+    def use_tile_linears(self, blocks: dict[str, Any], threads: int) -> int:
+        """Run the projections that have a tile form on int8 dot products; how many switched."""
+        forms = self.tile_forms(blocks, threads)
+        self.packed.update(forms)
+        return len(forms)
 
     def forward(
         self,

@@ -188,22 +188,13 @@ def _tile_threads() -> int:
 
 
 def _layer0_tiles(model: Any, kernels: Any) -> list | None:
-    """Layer 0's projections in tile form (kernels/cpu/qgemm.c), to time the gguf linear
-    path; None where the build has no AVX512-VNNI or the model no tiled GGUF blocks."""
-    from sgl.runtime.kernels.cpu.linear import tile_weight
-
+    """Layer 0's four projections in tile form (kernels/cpu/qgemm.c), to time the gguf
+    linear path; None where the build has no AVX512-VNNI or a projection no tiled blocks."""
     blocks = getattr(model, "gguf_blocks", None)
     if kernels is None or kernels.qgemm_simd() != 1 or blocks is None or not hasattr(model, "use_tile_linears"):
         return None
-    layer, b = model.layers[0], blocks.layers[0]
-    tiles = []
-    for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
-        blk = b.get(name.removesuffix("_weight"))
-        tw = tile_weight(blk.data, blk.wtype, tuple(getattr(layer, name).shape), None, _tile_threads()) if blk else None
-        if tw is None:
-            return None
-        tiles.append(tw)
-    return tiles
+    forms = model.layers[0].tile_forms(blocks.layers[0], _tile_threads())
+    return list(forms.values()) if len(forms) == 4 else None
 
 
 def _apply_linear_value(model: Any, linear: str, session: _Session | None = None) -> str:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sgl.runtime.kernels.cpu.binding import Kernels, Status, kernels
+
 # Row counts checked at pack time, up to the largest that may take the packed path:
 # above 256 rows the plain GEMM is as fast as the packed one (measured with AVX512-BF16).
 CHECK_ROWS = (1, 2, 8, 16, 32, 33, 64, 128, 256)
@@ -148,6 +150,7 @@ class TileWeight:
     rows in integer dot products (the `gguf` linear path, chosen by measurement where the
     build has AVX512-VNNI). A row's result does not depend on the rows beside it."""
 
+    kernels: Kernels  # the library that packed the tiles (bound once, not looked up per product)
     tiles: torch.Tensor  # uint8, sgl_qgemm_packed_bytes
     wtype: int  # binding.WeightType
     out: int
@@ -160,8 +163,6 @@ def tile_weight(block: torch.Tensor, wtype: int, shape: tuple[int, int], bias: t
                 threads: int) -> TileWeight | None:
     """The tile form of one matrix of GGUF blocks (uint8 [out, row bytes]), or None where
     the type has none (Q6_K) or the kernels are not built here."""
-    from sgl.runtime.kernels.cpu.binding import Status, kernels
-
     k = kernels()
     out, n_in = shape
     size = k.qgemm_packed_bytes(wtype, out, n_in) if k is not None else 0
@@ -171,17 +172,15 @@ def tile_weight(block: torch.Tensor, wtype: int, shape: tuple[int, int], bias: t
     if k.qgemm_pack(wtype, block.contiguous().data_ptr(), out, n_in, tiles.data_ptr()) != Status.OK:
         return None
     b = bias.detach().to(torch.bfloat16).contiguous() if bias is not None else None
-    return TileWeight(tiles, wtype, out, n_in, b, threads)
+    return TileWeight(k, tiles, wtype, out, n_in, b, threads)
 
 
 def tile_mm(x: torch.Tensor, tw: TileWeight) -> torch.Tensor:
     """bf16(x @ W.T + b) over the tile form (qgemm.c)."""
-    from sgl.runtime.kernels.cpu.binding import Status, kernels
-
     x = x.to(torch.bfloat16).contiguous()
     y = torch.empty(x.shape[0], tw.out, dtype=torch.bfloat16)
     if x.shape[0]:
-        st = kernels().qgemm(tw.tiles.data_ptr(), tw.wtype, tw.out, tw.n_in, x.data_ptr(), x.shape[0],
+        st = tw.kernels.qgemm(tw.tiles.data_ptr(), tw.wtype, tw.out, tw.n_in, x.data_ptr(), x.shape[0],
                              tw.bias.data_ptr() if tw.bias is not None else None, y.data_ptr(), tw.threads)
         if st != Status.OK:
             raise RuntimeError(f"tiled GGUF product failed: {st.message}")

@@ -32,7 +32,6 @@
 #define TILE_U 512                      /* bytes of u per tile */
 #define TILE_BYTES (TILE_U + 2 * 64)    /* + 16 d's and 16 m's */
 #define MR 8                            /* activation rows per register block */
-#define QROWS_CHUNK 16                  /* activation rows quantized per team chunk */
 
 static int tile_type(int type) {
     return type == SGL_T_Q4_0 || type == SGL_T_Q4_1 || type == SGL_T_Q8_0 || type == SGL_T_Q4_K;
@@ -131,7 +130,7 @@ typedef struct {
     const bf16 *X, *bias;
     uint8_t *XQ;
     bf16 *Y;
-    int out, in, rows, nt, rblocks;
+    int out, in, rows, nt;
 } QgemmJob;
 
 static void quant_chunk(void *arg, int g) { /* one group of MR rows */
@@ -220,14 +219,29 @@ static void tile_chunk(void *arg, int c) {
     }
 }
 
+/* The caller thread's buffer for quantized activation groups, kept between products: a
+ * fresh one per product (MBs for a prefill chunk) came from mmap and faulted in every time. */
+static __thread uint8_t *g_xq;
+static __thread size_t g_xq_cap;
+
+static uint8_t *xq_scratch(size_t bytes) {
+    if (bytes > g_xq_cap) {
+        free(g_xq);
+        g_xq_cap = (bytes + 4095) / 4096 * 4096;
+        g_xq = (uint8_t *)aligned_alloc(64, g_xq_cap);
+        if (!g_xq) g_xq_cap = 0;
+    }
+    return g_xq;
+}
+
 sgl_status sgl_qgemm(const void *packed, int type, int out, int in, const uint16_t *X, int rows, const uint16_t *bias,
                      uint16_t *Y, int threads) {
     if (sgl_qgemm_packed_bytes(type, out, in) == 0 || rows < 1) return SGL_ERR_UNSUPPORTED;
     int groups = (rows + MR - 1) / MR;
-    uint8_t *xq = (uint8_t *)aligned_alloc(64, ((size_t)groups * (in / 32) * GROUP_BLK + 63) / 64 * 64);
+    uint8_t *xq = xq_scratch((size_t)groups * (in / 32) * GROUP_BLK);
     if (!xq) return SGL_ERR_NO_MEMORY;
     int nt = (out + TILE_OUT - 1) / TILE_OUT, rblocks = (rows + RBLOCK - 1) / RBLOCK;
-    QgemmJob j = {(const uint8_t *)packed, X, bias, xq, Y, out, in, rows, nt, rblocks};
+    QgemmJob j = {(const uint8_t *)packed, X, bias, xq, Y, out, in, rows, nt};
     if (threads > 1 && team_acquire()) {
         team_run(quant_chunk, &j, groups);
         team_run(tile_chunk, &j, nt * rblocks);
@@ -237,7 +251,6 @@ sgl_status sgl_qgemm(const void *packed, int type, int out, int in, const uint16
         for (int g = 0; g < groups; g++) quant_chunk(&j, g);
         for (int c = 0; c < nt * rblocks; c++) tile_chunk(&j, c);
     }
-    free(xq);
     return SGL_OK;
 }
 
