@@ -433,6 +433,34 @@ def test_a_request_gets_the_same_logits_in_any_batch_on_every_build(march):
     _assert_batch_invariant(model, _variant(march))
 
 
+@pytest.mark.parametrize("march", VARIANTS)
+def test_contexts_of_several_key_blocks_match_torch_on_every_build(march):
+    """Attention runs in blocks of 128 keys whose partial results are merged per head
+    (decode_attn.c; on AVX512-BF16 builds one pass per block with a running maximum):
+    contexts on and around block and 16-key tile bounds, up to 5 blocks, match torch; a
+    row's logits are bit-identical with one or two threads and alone or in the batch.
+    Head dim 80: a 64-wide and a 16-wide pass of the value sums."""
+    config = tiny_config(hidden_size=480, num_heads=6, num_kv_heads=2, head_dim=80, intermediate_size=256,
+                         vocab_size=1000, num_layers=2, max_position_embeddings=1024)
+    model = tiny_random_model(config, dtype=torch.bfloat16, seed=5)
+    model.prepack()
+    lens = [129, 300, 128, 17, 257, 600]
+    pool, attn, batch = _setup(model, lens)
+    ref = model(batch, attn)
+    lib = _variant(march)
+    one = CpuDecoder(model, lib, 1).forward(batch, pool).clone()
+    two = CpuDecoder(model, lib, 2)
+    together = two.forward(batch, pool).clone()
+    tol = 0.05 * max(1.0, ref.abs().max().item())
+    assert (together - ref).abs().max().item() < tol
+    _assert_same_choice(ref, together, tol)
+    assert torch.equal(one, together)
+    r2t = batch.req_to_token
+    for r, n in enumerate(lens):
+        alone = ForwardBatch.build([int(batch.input_ids[r])], [int(batch.out_cache_loc[r])], [r], [n - 1], [1], r2t)
+        assert torch.equal(two.forward(alone, pool)[0], together[r]), r
+
+
 @pytest.mark.model
 def test_a_request_gets_the_same_logits_in_any_batch(real_model):
     """Every row is summed in the same order whatever the batch size: on the real model

@@ -14,8 +14,8 @@
  * agree with the eager model to bf16 rounding of the products' sums, taken in another
  * order. Arguments travel in the structs of sgl_kernels.h; all tensors are contiguous.
  * With `threads` = 2 the matrix-vector products split their rows with one helper thread
- * (team.c): one core reads ~22 GB/s here, two ~30 GB/s; attention splits its (row, K/V
- * head) pairs the same way. Everything else runs on the caller's thread.
+ * (team.c): one core reads ~22 GB/s here, two ~30 GB/s; attention splits its rows' keys
+ * into blocks the same way (decode_attn.c). Everything else runs on the caller's thread.
  *
  * Each matrix has a type tag (SGL_T_*, sgl_kernels.h): bf16 as above, or rows of GGUF
  * blocks (--quantization gguf), multiplied by quant.c after the activation rows are
@@ -226,7 +226,7 @@ int64_t sgl_decode_ws(const sgl_decode_model *m, int rows) {
     return ws_bf16(m, rows) + 2 * (int64_t)rows * ((max_in(m) + 31) / 32 * 32); /* two bf16 per float */
 }
 int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
-    return 2 * attn_lane_floats(max_len, m->d, m->nh / m->nkv); /* one lane per team thread */
+    return attn_ws_floats(max_len, MAX_SIMD_ROWS, m->nh, m->d, m->nh / m->nkv);
 }
 
 /* Whether every matrix is bf16 or whole blocks of a type quant.c multiplies. */
@@ -247,9 +247,12 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     const int64_t *positions = bt->positions, *out_loc = bt->out_loc;
     const float eps = m->eps;
     int qkv_n = (nh + 2 * nkv) * d, h2 = d / 2;
-    for (int b = 0; b < B; b++)
+    int64_t longest = 0;
+    for (int b = 0; b < B; b++) {
         if (bt->seq_lens[b] > bt->max_len) return SGL_ERR_CONTEXT_TOO_LONG;
-    if (!types_ok(m)) return SGL_ERR_UNSUPPORTED;
+        longest = bt->seq_lens[b] > longest ? bt->seq_lens[b] : longest;
+    }
+    if (!types_ok(m) || B > MAX_SIMD_ROWS || d > SGL_ATTN_MAX_D) return SGL_ERR_UNSUPPORTED;
     g_team = bt->threads >= 2 && team_acquire();
     /* bf16 workspace, B rows each: x, xn, qkv, attn, gate/up, act, tmp, bf16 logits */
     bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;
@@ -278,11 +281,16 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
             memcpy(K + out_loc[b] * nkv * d, r + nh * d, sizeof(bf16) * nkv * d);
             memcpy(V + out_loc[b] * nkv * d, r + (nh + nkv) * d, sizeof(bf16) * nkv * d);
         }
-        AttnJob aj = {qkv, K, V, bt->req_to_token, bt->req_rows, bt->seq_lens, bt->r2t_stride,
-                      attn_lane_floats(bt->max_len, d, nh / nkv), qkv_n, nh, nkv, d, bt->fws, att};
-        if (g_team) team_run(attn_chunk, &aj, B * nkv);
-        else
-            for (int c = 0; c < B * nkv; c++) attn_chunk(&aj, c);
+        AttnJob aj = {qkv, K, V, bt->req_to_token, bt->req_rows, bt->seq_lens, bt->r2t_stride, qkv_n, nh, nkv, d,
+                      (int)((longest + KEY_BLOCK - 1) / KEY_BLOCK), (bt->max_len + KEY_BLOCK - 1) / KEY_BLOCK,
+                      bt->fws, att};
+        if (g_team) {
+            team_run(attn_block_chunk, &aj, B * aj.blocks);
+            team_run(attn_merge_chunk, &aj, B * nh);
+        } else {
+            for (int c = 0; c < B * aj.blocks; c++) attn_block_chunk(&aj, c);
+            for (int c = 0; c < B * nh; c++) attn_merge_chunk(&aj, c);
+        }
         gemv((int)p[SGL_L_O_T], (const void *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
         for (int b = 0; b < B; b++) /* the residual add, then the norm */
             norm_row(x + b * hidden, tmp + b * hidden, (const bf16 *)p[SGL_L_LN2], hidden, eps, xn + b * hidden);

@@ -1,9 +1,10 @@
-/* Attention of the decode step (decode.c): for each new token row and K/V head, the
- * scores of the head's query group against the cached keys (each K row fetched once for
- * the group), a softmax, and the weighted sum of V rows (each V row fetched once for the
- * group, the sums held in registers). Rows and heads are independent chunks split over
- * the two-thread team; a chunk's sums run in the same order whatever thread or batch runs
- * it, so a row's output depends on neither.
+/* Attention of the decode step (decode.c): for each new token row, block of KEY_BLOCK
+ * cached keys and K/V head, the scores of the head's query group against the block's keys
+ * (each K row fetched once for the group), their exponentials against the block's maximum
+ * and the weighted sum of V rows (each V row fetched once for the group, the sums held in
+ * registers); then each head's blocks are merged (flash-decoding). Blocks are chunks
+ * split over the two-thread team, so one long row keeps both cores busy; every sum runs in
+ * the same order whatever thread or batch runs it, so a row's output depends on neither.
  */
 #include "decode_attn.h"
 #include "team.h"
@@ -102,33 +103,25 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const
 #else
     for (int r = 0; r < G; r++) {
         const bf16 *qr = q + (int64_t)r * d;
-        float *sr = scores + r * ss;
-        int j = 0;
-#if defined(SGL_BF16_SIMD)
-        __m512 part[16];
-        for (; j + 16 <= len; j += 16) {
-            if (r == 0) /* the first head's pass brings the rows in; the others find them in L2 */
-                for (int jj = 0; jj < 16 && j + jj + KV_AHEAD < len; jj++) {
-                    int64_t row = (slots[j + jj + KV_AHEAD] * nkv + g) * d;
-                    prefetch_l1(K + row, d * (int)sizeof(bf16));
-                    prefetch_l2(V + row, d * (int)sizeof(bf16)); /* for the value pass */
-                }
-            for (int jj = 0; jj < 16; jj++)
-                part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, qr, d);
-            _mm512_storeu_ps(sr + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
-        }
-#endif
-        for (; j < len; j++) sr[j] = dot(K + (slots[j] * nkv + g) * d, qr, d) * scale;
+        for (int j = 0; j < len; j++) scores[r * ss + j] = dot(K + (slots[j] * nkv + g) * d, qr, d) * scale;
     }
 #endif
 }
 
+
 static inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
-/* Floats of one lane's attention scratch for contexts up to max_len and `group` query
- * heads per K/V head: their scores, widened queries (d + 16 each) and accumulators. */
-int64_t attn_lane_floats(int max_len, int d, int group) {
-    return group * (up16(max_len) + up16(d + 16) + up16(d));
+/* Floats of one lane's scratch for one block of keys: the nh heads' scores, the widened
+ * queries (d + 16 each) of one group of `group` heads, and nh heads' accumulators. */
+static int64_t lane_floats(int nh, int d, int group) { return nh * up16(KEY_BLOCK) + group * up16(d + 16) + nh * up16(d); }
+
+/* Floats of one partial result: the block's score maximum, its sum of exponentials and
+ * the unnormalized weighted sum of V (d). */
+static inline int64_t part_floats(int d) { return up16(d + 2); }
+
+int64_t attn_ws_floats(int max_len, int max_rows, int nh, int d, int group) {
+    int64_t blocks = (max_len + KEY_BLOCK - 1) / KEY_BLOCK;
+    return 2 * lane_floats(nh, d, group) + (int64_t)max_rows * blocks * nh * part_floats(d);
 }
 
 /* The V sums use AVX2 at both SIMD levels (every AVX512 CPU has it). */
@@ -186,50 +179,181 @@ static void values_sum(const float *scores, int64_t ss, const bf16 *V, const int
 }
 #endif
 
-/* Attention of the `group` query heads q + r * d that share K/V head g, over `len` cached
- * slots, in `lane` scratch; out + r * d gets head r. Each K and V row is fetched once
- * for the group. The sums run in the same order whatever thread runs the group and
- * whatever rows share the step, so a row's output depends on neither. */
-static void attend_group(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nkv,
-                         int g, int group, int d, float *lane, bf16 *out) {
-    int64_t ss = up16(len);
-    float *scores = lane, *qf = scores + group * ss, *a = qf + group * up16(d + 16);
-    float scale = 1.0f / sqrtf((float)d);
-    for (int r0 = 0; r0 < group; r0 += KEY_HEADS) {
-        int G = group - r0 < KEY_HEADS ? group - r0 : KEY_HEADS;
-        key_scores(q + (int64_t)r0 * d, G, K, V, slots, len, nkv, g, d, scale, scores + r0 * ss, ss, qf);
+#ifdef SGL_BF16_SIMD
+#define MAX_TILE_HEADS 32 /* query heads block_fused takes (its per-head state lives on the stack) */
+
+/* a[r * d + i0 + i] += sum_{jj < cnt} p[r * 16 + jj] * V[slots[jj], g, i0 + i] for the G
+ * query heads of K/V head g (Vg = V + g d) and i < 16 W, the G x W sums in registers for
+ * the tile's keys, one fma per key in key order. */
+static inline __attribute__((always_inline)) void v_tile(const float *p, const bf16 *Vg, const int64_t *slots, int cnt,
+                                                          int64_t row, int i0, float *a, int d, const int G, const int W) {
+    __m512 acc[KEY_HEADS][4], v16[4];
+    for (int r = 0; r < G; r++)
+        for (int w = 0; w < W; w++) acc[r][w] = _mm512_loadu_ps(a + r * d + i0 + 16 * w);
+    for (int jj = 0; jj < cnt; jj++) {
+        const bf16 *v = Vg + slots[jj] * row + i0;
+        for (int w = 0; w < W; w++)
+            v16[w] = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + 16 * w))), 16));
+        for (int r = 0; r < G; r++) {
+            __m512 sc = _mm512_set1_ps(p[r * 16 + jj]);
+            for (int w = 0; w < W; w++) acc[r][w] = _mm512_fmadd_ps(sc, v16[w], acc[r][w]);
+        }
     }
-    for (int r = 0; r < group; r++) {
-        float *s = scores + r * ss, mx = -INFINITY;
-        for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
-        float inv = 1.0f / exp_shift(s, len, mx);
-        for (int j = 0; j < len; j++) s[j] *= inv;
+    for (int r = 0; r < G; r++)
+        for (int w = 0; w < W; w++) _mm512_storeu_ps(a + r * d + i0 + 16 * w, acc[r][w]);
+}
+
+#define V_TILE(W)                                                                                     \
+    switch (G) {                                                                                      \
+    case 1: v_tile(p, Vg, slots, cnt, row, i0, a, d, 1, W); break;                                    \
+    case 2: v_tile(p, Vg, slots, cnt, row, i0, a, d, 2, W); break;                                    \
+    case 3: v_tile(p, Vg, slots, cnt, row, i0, a, d, 3, W); break;                                    \
+    default: v_tile(p, Vg, slots, cnt, row, i0, a, d, 4, W); break;                                   \
     }
-    memset(a, 0, sizeof(float) * group * d);
-#ifdef V_SIMD
-    if (d % 8 == 0 && group <= KEY_HEADS) {
-        values_sum(scores, ss, V, slots, len, nkv, g, group, d, a);
-    } else
+
+/* v_tile over every dimension (d a multiple of 16, G <= KEY_HEADS): 64 at a time. */
+static void v_tile_all(const float *p, const bf16 *Vg, const int64_t *slots, int cnt, int64_t row, float *a, int d,
+                       int G) {
+    int i0 = 0;
+    for (; i0 + 64 <= d; i0 += 64) V_TILE(4)
+    for (; i0 < d; i0 += 16) V_TILE(1)
+}
+
+/* attend_block in one pass over the block (flash-decoding): per tile of 16 keys, every
+ * head's scores (each slot's K row, every K/V head adjacent in the pool, read once in
+ * address order for all nh heads), the running maximum (the head's sums rescaled when it
+ * rises), the exponentials, and their V sums while the tile's V rows are in L1; the K and
+ * V rows 16 keys ahead are prefetched meanwhile. p: nh * 16 floats, a: nh * d floats. */
+static void block_fused(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nkv, int nh,
+                        int d, float scale, float *p, float *a, float *part, int64_t ps) {
+    const int64_t row = (int64_t)nkv * d, bytes = row * (int64_t)sizeof(bf16); /* one slot */
+    const int group = nh / nkv;
+    const __m512 sc = _mm512_set1_ps(scale);
+    float m[MAX_TILE_HEADS], l[MAX_TILE_HEADS];
+    __m512 tile[MAX_TILE_HEADS][16];
+    for (int h = 0; h < nh; h++) m[h] = -INFINITY, l[h] = 0.f;
+    memset(a, 0, sizeof(float) * nh * d);
+    for (int j = 0; j < len; j += 16) {
+        const int cnt = len - j < 16 ? len - j : 16;
+        const __mmask16 live = (__mmask16)((1u << cnt) - 1);
+        for (int jj = 0; jj < 16; jj++) {
+            if (jj >= cnt) {
+                for (int h = 0; h < nh; h++) tile[h][jj] = _mm512_setzero_ps();
+                continue;
+            }
+            if (j + jj + 16 < len) {
+                prefetch_l1(K + slots[j + jj + 16] * row, bytes);
+                prefetch_l1(V + slots[j + jj + 16] * row, bytes);
+            }
+            const bf16 *k = K + slots[j + jj] * row;
+            for (int h = 0; h < nh; h++)
+                tile[h][jj] = dot_acc(_mm512_setzero_ps(), k + (int64_t)(h / group) * d, q + (int64_t)h * d, d);
+        }
+        for (int h = 0; h < nh; h++) {
+            __m512 s = _mm512_mul_ps(hsum16(tile[h]), sc);
+            float top = _mm512_mask_reduce_max_ps(live, s);
+            if (top > m[h]) {
+                if (m[h] > -INFINITY) { /* earlier tiles' sums were taken against a lower max */
+                    float f = expf(m[h] - top);
+                    l[h] *= f;
+                    for (int i = 0; i < d; i++) a[h * d + i] *= f;
+                }
+                m[h] = top;
+            }
+            __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, _mm512_set1_ps(m[h]))));
+            l[h] += _mm512_reduce_add_ps(e);
+            _mm512_storeu_ps(p + h * 16, e);
+        }
+        for (int g = 0; g < nkv; g++)
+            v_tile_all(p + g * group * 16, V + (int64_t)g * d, slots + j, cnt, row, a + (int64_t)g * group * d, d, group);
+    }
+    for (int h = 0; h < nh; h++) {
+        part[h * ps] = m[h];
+        part[h * ps + 1] = l[h];
+        memcpy(part + h * ps + 2, a + (int64_t)h * d, sizeof(float) * d);
+    }
+}
 #endif
-    for (int j = 0; j < len; j++) {
-        const bf16 *v = V + (slots[j] * nkv + g) * d;
-        for (int r = 0; r < group; r++)
-            for (int t = 0; t < d; t++) a[r * d + t] = fmaf(scores[r * ss + j], bf2f(v[t]), a[r * d + t]);
+
+/* Every head of one row over the `len` keys of one block (slots), in `lane` scratch: head
+ * h's partial result goes to part + h * ps (the block's max score, sum of exponentials,
+ * unnormalized V sum). Each K and V row is fetched once for its query group, and the sums
+ * run in the same order whatever thread runs the block and whatever rows share the step. */
+static void attend_block(const bf16 *q, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nh, int nkv,
+                         int d, float *lane, float *part, int64_t ps) {
+    const int64_t ss = up16(KEY_BLOCK);
+    const int group = nh / nkv;
+    float *scores = lane, *qf = scores + nh * ss, *a = qf + group * up16(d + 16);
+    const float scale = 1.0f / sqrtf((float)d);
+#ifdef SGL_BF16_SIMD
+    if (nh <= MAX_TILE_HEADS && d % 16 == 0 && group <= KEY_HEADS) {
+        block_fused(q, K, V, slots, len, nkv, nh, d, scale, scores, a, part, ps);
+        return;
     }
-    for (int r = 0; r < group; r++)
-        for (int i = 0; i < d; i++) out[(int64_t)r * d + i] = f2bf(a[r * d + i]);
+#endif
+    for (int g = 0; g < nkv; g++)
+        for (int r0 = 0; r0 < group; r0 += KEY_HEADS) {
+            int G = group - r0 < KEY_HEADS ? group - r0 : KEY_HEADS, h = g * group + r0;
+            key_scores(q + (int64_t)h * d, G, K, V, slots, len, nkv, g, d, scale, scores + h * ss, ss, qf);
+        }
+    for (int h = 0; h < nh; h++) {
+        float *s = scores + h * ss, mx = -INFINITY;
+        for (int j = 0; j < len; j++) mx = s[j] > mx ? s[j] : mx;
+        part[h * ps] = mx;
+        part[h * ps + 1] = exp_shift(s, len, mx);
+    }
+    for (int g = 0; g < nkv; g++) {
+        const float *sg = scores + g * group * ss;
+        memset(a, 0, sizeof(float) * group * d);
+#ifdef V_SIMD
+        if (d % 8 == 0 && group <= KEY_HEADS) {
+            values_sum(sg, ss, V, slots, len, nkv, g, group, d, a);
+        } else
+#endif
+        for (int j = 0; j < len; j++) {
+            const bf16 *v = V + (slots[j] * nkv + g) * d;
+            for (int r = 0; r < group; r++)
+                for (int t = 0; t < d; t++) a[r * d + t] = fmaf(sg[r * ss + j], bf2f(v[t]), a[r * d + t]);
+        }
+        for (int r = 0; r < group; r++) memcpy(part + (g * group + r) * ps + 2, a + r * d, sizeof(float) * d);
+    }
 }
 
-/* The step's attention: one chunk per (row, K/V head), split over the team, each chunk
- * in its thread's lane of the float scratch. At long contexts this is as much work as
- * the weight products, so it must not run on one core. */
-
-void attn_chunk(void *arg, int c) {
+/* The step's attention is split into blocks of KEY_BLOCK keys so that one long row keeps
+ * both threads busy and a thread reads a block's K and V rows (every K/V head of a slot,
+ * adjacent in the pool) while they are in its cache. Chunk c = (row, block) of the first
+ * pass computes every head's partial result for the block; the second pass (chunk = row,
+ * query head) merges a row's blocks in block order. Block bounds are fixed positions in
+ * the sequence, so a row's output depends on neither the thread nor the batch. */
+void attn_block_chunk(void *arg, int c) {
     const AttnJob *j = (const AttnJob *)arg;
-    int b = c / j->nkv, g = c % j->nkv, group = j->nh / j->nkv;
-    int64_t h0 = (int64_t)g * group; /* the group's first query head */
-    attend_group(j->qkv + (int64_t)b * j->qkv_n + h0 * j->d, j->K, j->V, j->r2t + j->req_rows[b] * j->r2t_stride,
-                 (int)j->seq_lens[b], j->nkv, g, group, j->d, j->fws + team_lane() * j->lane_n,
-                 j->att + ((int64_t)b * j->nh + h0) * j->d);
+    int b = c / j->blocks, blk = c % j->blocks, len = (int)j->seq_lens[b] - blk * KEY_BLOCK;
+    if (len <= 0) return;
+    if (len > KEY_BLOCK) len = KEY_BLOCK;
+    const int64_t ps = part_floats(j->d), lane_n = lane_floats(j->nh, j->d, j->nh / j->nkv);
+    const int64_t *slots = j->r2t + j->req_rows[b] * j->r2t_stride + (int64_t)blk * KEY_BLOCK;
+    float *part = j->fws + 2 * lane_n + ((int64_t)b * j->block_cap + blk) * j->nh * ps;
+    attend_block(j->qkv + (int64_t)b * j->qkv_n, j->K, j->V, slots, len, j->nh, j->nkv, j->d,
+                 j->fws + team_lane() * lane_n, part, ps);
 }
 
+void attn_merge_chunk(void *arg, int c) {
+    const AttnJob *j = (const AttnJob *)arg;
+    int b = c / j->nh, h = c % j->nh, d = j->d;
+    int nb = (int)((j->seq_lens[b] + KEY_BLOCK - 1) / KEY_BLOCK);
+    const int64_t ps = part_floats(d);
+    const float *part = j->fws + 2 * lane_floats(j->nh, d, j->nh / j->nkv) + (int64_t)b * j->block_cap * j->nh * ps + h * ps;
+    const int64_t bs = j->nh * ps; /* from one block's partials to the next */
+    float mx = -INFINITY, sum = 0.f, acc[SGL_ATTN_MAX_D];
+    for (int k = 0; k < nb; k++) mx = part[k * bs] > mx ? part[k * bs] : mx;
+    for (int i = 0; i < d; i++) acc[i] = 0.f;
+    for (int k = 0; k < nb; k++) {
+        const float *p = part + k * bs, w = expf(p[0] - mx);
+        sum = fmaf(w, p[1], sum);
+        for (int i = 0; i < d; i++) acc[i] = fmaf(w, p[2 + i], acc[i]);
+    }
+    const float inv = 1.0f / sum;
+    bf16 *out = j->att + ((int64_t)b * j->nh + h) * d;
+    for (int i = 0; i < d; i++) out[i] = f2bf(acc[i] * inv);
+}

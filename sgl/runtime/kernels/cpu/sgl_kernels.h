@@ -47,7 +47,7 @@ typedef struct {
 
 /* One step of `rows` single-token requests, and its scratch. */
 typedef struct {
-    int rows;
+    int rows;       /* at most 8 */
     const int64_t *input_ids, *positions, *out_loc, *req_rows, *seq_lens; /* [rows] */
     const int64_t *req_to_token;
     int64_t r2t_stride;
