@@ -433,18 +433,24 @@ def test_a_request_gets_the_same_logits_in_any_batch_on_every_build(march):
     _assert_batch_invariant(model, _variant(march))
 
 
+# (head dim, query heads, K/V heads): on AVX512-BF16 builds the first takes the one-pass
+# block (64- and 16-wide value passes), the second (group 5, head dim 24) the two-pass one.
+BLOCK_SHAPES = [(80, 6, 2), (24, 10, 2)]
+
+
+@pytest.mark.parametrize("shape", BLOCK_SHAPES)
 @pytest.mark.parametrize("march", VARIANTS)
-def test_contexts_of_several_key_blocks_match_torch_on_every_build(march):
+def test_contexts_of_several_key_blocks_match_torch_on_every_build(march, shape):
     """Attention runs in blocks of 128 keys whose partial results are merged per head
-    (decode_attn.c; on AVX512-BF16 builds one pass per block with a running maximum):
-    contexts on and around block and 16-key tile bounds, up to 5 blocks, match torch; a
-    row's logits are bit-identical with one or two threads and alone or in the batch.
-    Head dim 80: a 64-wide and a 16-wide pass of the value sums."""
-    config = tiny_config(hidden_size=480, num_heads=6, num_kv_heads=2, head_dim=80, intermediate_size=256,
+    (decode_attn.c): contexts on and around block and 16-key tile bounds, up to 8 blocks
+    (the last row fills the request table), match torch; a row's logits are bit-identical
+    with one or two threads and alone or in the batch."""
+    d, nh, nkv = shape
+    config = tiny_config(hidden_size=nh * d, num_heads=nh, num_kv_heads=nkv, head_dim=d, intermediate_size=256,
                          vocab_size=1000, num_layers=2, max_position_embeddings=1024)
     model = tiny_random_model(config, dtype=torch.bfloat16, seed=5)
     model.prepack()
-    lens = [129, 300, 128, 17, 257, 600]
+    lens = [129, 300, 128, 17, 257, 1024]
     pool, attn, batch = _setup(model, lens)
     ref = model(batch, attn)
     lib = _variant(march)
@@ -459,6 +465,25 @@ def test_contexts_of_several_key_blocks_match_torch_on_every_build(march):
     for r, n in enumerate(lens):
         alone = ForwardBatch.build([int(batch.input_ids[r])], [int(batch.out_cache_loc[r])], [r], [n - 1], [1], r2t)
         assert torch.equal(two.forward(alone, pool)[0], together[r]), r
+
+
+def test_the_avx2_build_takes_more_than_eight_rows_of_several_blocks():
+    """AVX2 builds run up to 64 rows per step (row_limit): the attention scratch is sized
+    for the decoder's rows, not the AVX512 build's 8."""
+    lib = _variant("x86-64-v3")
+    config = tiny_config(hidden_size=192, num_heads=6, num_kv_heads=2, head_dim=32, intermediate_size=256,
+                         vocab_size=1000, num_layers=2)
+    model = tiny_random_model(config, dtype=torch.bfloat16, seed=6)
+    model.prepack()
+    lens = [130, 5, 260, 33, 129, 17, 200, 2, 140, 64, 300, 9]
+    pool, attn, batch = _setup(model, lens)
+    ref = model(batch, attn)
+    dec = CpuDecoder(model, lib, 2, len(lens))
+    out = dec.forward(batch, pool)
+    assert dec.steps == 1
+    tol = 0.05 * max(1.0, ref.abs().max().item())
+    assert (out - ref).abs().max().item() < tol
+    _assert_same_choice(ref, out, tol)
 
 
 @pytest.mark.model

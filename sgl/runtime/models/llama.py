@@ -245,7 +245,7 @@ class LlamaForCausalLM(nn.Module):
         # Cached in the model dtype: HF also casts cos/sin to the activation dtype.
         self.register_buffer("rope_cos", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("rope_sin", freqs.sin().to(dtype), persistent=False)
-        self.packed_head: PackedWeight | Fp32Weight | None = None
+        self.packed_head: PackedWeight | Fp32Weight | TileWeight | None = None
 
     def prepack(self) -> None:
         """Pack weights for fast small batches on the CPU; call after the weights are loaded."""
@@ -266,14 +266,21 @@ class LlamaForCausalLM(nn.Module):
         return n, 4 * len(self.layers) + 1
 
     def use_tile_linears(self, threads: int) -> tuple[int, int]:
-        """Switch the layers' projections to int8 products over the GGUF blocks (where the
-        model carries `gguf_blocks` and the type has a tile form); (switched, total). The
-        LM head keeps its path: a prefill computes it for a few rows only."""
+        """Switch the layers' projections and the LM head to int8 products over the GGUF
+        blocks (where the model carries `gguf_blocks` and the type has a tile form);
+        (switched, total). The head's blocks are the embedding's when the two are tied: a
+        batch past the C decode step's rows (a wide decode of forks) then computes its logits
+        from the same int8 products as the step does, at half the bytes of the bf16 head."""
         blocks = getattr(self, "gguf_blocks", None)
-        total = 4 * len(self.layers)
+        total = 4 * len(self.layers) + 1
         if blocks is None:
             return 0, total
-        return sum(layer.use_tile_linears(b, threads) for layer, b in zip(self.layers, blocks.layers)), total
+        n = sum(layer.use_tile_linears(b, threads) for layer, b in zip(self.layers, blocks.layers))
+        head, hb = (self.embed_tokens, blocks.embed) if self.lm_head is None else (self.lm_head, blocks.head)
+        tw = tile_weight(hb.data, hb.wtype, tuple(head.shape), None, threads) if hb is not None else None
+        if tw is not None:
+            self.packed_head, n = tw, n + 1
+        return n, total
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:

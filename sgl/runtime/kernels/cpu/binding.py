@@ -38,7 +38,7 @@ _MESSAGES = {
     Status.CONTEXT_TOO_LONG: "a context is longer than the request table",
     Status.POSITION_OUT_OF_RANGE: "a RoPE position is outside the cos/sin tables",
     Status.UNSUPPORTED: "this build, shape or weight type is not supported (attention needs AVX512-BF16, "
-                        "head_dim 64 or 128; block weights need whole blocks of Q8_0/Q4_0/Q4_1/Q4_K/Q6_K)",
+                        "head_dim 64 or 128; the decode step takes the rows its scratch was sized for; block weights need whole blocks of Q8_0/Q4_0/Q4_1/Q4_K/Q6_K)",
     Status.NO_MEMORY: "out of memory",
 }
 
@@ -67,7 +67,7 @@ class DecodeBatch(ctypes.Structure):
     """sgl_decode_batch: one step of single-token rows and its scratch."""
 
     _fields_ = [("rows", _i), ("input_ids", _p), ("positions", _p), ("out_loc", _p), ("req_rows", _p),
-                ("seq_lens", _p), ("req_to_token", _p), ("r2t_stride", _i64), ("max_len", _i), ("ws", _p),
+                ("seq_lens", _p), ("req_to_token", _p), ("r2t_stride", _i64), ("max_len", _i), ("max_rows", _i), ("ws", _p),
                 ("fws", _p), ("logits", _p), ("threads", _i)]
 
 
@@ -97,7 +97,7 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sgl_decode_fields": (_i, []),
     "sgl_decode_simd": (_i, []),
     "sgl_decode_ws": (_i64, [ctypes.POINTER(DecodeModel), _i]),
-    "sgl_decode_fws": (_i64, [ctypes.POINTER(DecodeModel), _i]),
+    "sgl_decode_fws": (_i64, [ctypes.POINTER(DecodeModel), _i, _i]),
     "sgl_decode_step": (_i, [ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeBatch)]),
     "sgl_quant_simd": (_i, []),
     "sgl_quant_row_bytes": (_i64, [_i, _i]),
@@ -139,8 +139,8 @@ class Kernels:
     def decode_ws(self, model: DecodeModel, rows: int) -> int:
         return int(self.lib.sgl_decode_ws(ctypes.byref(model), rows))
 
-    def decode_fws(self, model: DecodeModel, max_len: int) -> int:
-        return int(self.lib.sgl_decode_fws(ctypes.byref(model), max_len))
+    def decode_fws(self, model: DecodeModel, max_len: int, max_rows: int) -> int:
+        return int(self.lib.sgl_decode_fws(ctypes.byref(model), max_len, max_rows))
 
     def decode_step(self, model: DecodeModel, batch: DecodeBatch) -> Status:
         return Status(self.lib.sgl_decode_step(ctypes.byref(model), ctypes.byref(batch)))

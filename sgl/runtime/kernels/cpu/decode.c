@@ -225,8 +225,8 @@ static int64_t ws_bf16(const sgl_decode_model *m, int rows) {
 int64_t sgl_decode_ws(const sgl_decode_model *m, int rows) {
     return ws_bf16(m, rows) + 2 * (int64_t)rows * ((max_in(m) + 31) / 32 * 32); /* two bf16 per float */
 }
-int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len) {
-    return attn_ws_floats(max_len, MAX_SIMD_ROWS, m->nh, m->d, m->nh / m->nkv);
+int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len, int max_rows) {
+    return attn_ws_floats(max_len, max_rows, m->nh, m->d, m->nh / m->nkv);
 }
 
 /* Whether every matrix is bf16 or whole blocks of a type quant.c multiplies. */
@@ -252,7 +252,7 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
         if (bt->seq_lens[b] > bt->max_len) return SGL_ERR_CONTEXT_TOO_LONG;
         longest = bt->seq_lens[b] > longest ? bt->seq_lens[b] : longest;
     }
-    if (!types_ok(m) || B > MAX_SIMD_ROWS || d > SGL_ATTN_MAX_D) return SGL_ERR_UNSUPPORTED;
+    if (!types_ok(m) || B > bt->max_rows) return SGL_ERR_UNSUPPORTED;
     g_team = bt->threads >= 2 && team_acquire();
     /* bf16 workspace, B rows each: x, xn, qkv, attn, gate/up, act, tmp, bf16 logits */
     bf16 *x = bt->ws, *xn = x + B * hidden, *qkv = xn + B * hidden, *att = qkv + B * qkv_n;

@@ -167,7 +167,8 @@ class CpuDecoder:
         (p.embed, p.embed_t), (p.head_w, p.head_t) = mats[-2], mats[-1]
         p.rope_cos, p.rope_sin = _ptr(m.rope_cos), _ptr(m.rope_sin)
         self._max_len = max_context
-        self._fws = torch.empty(self.kernels.decode_fws(self.params, max_context), dtype=torch.float32)
+        self._fws_rows = self.max_rows
+        self._fws = torch.empty(self.kernels.decode_fws(self.params, max_context, self._fws_rows), dtype=torch.float32)
         self._pool = pool
 
     def _workspace(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +229,7 @@ class CpuDecoder:
         r2t = batch.req_to_token
         step = DecodeBatch(rows=int(ids.shape[0]), input_ids=_ptr(ids), positions=_ptr(pos), out_loc=_ptr(loc),
                            req_rows=_ptr(rows), seq_lens=_ptr(lens), req_to_token=_ptr(r2t),
-                           r2t_stride=r2t.stride(0), max_len=self._max_len, ws=_ptr(ws), fws=_ptr(self._fws),
+                           r2t_stride=r2t.stride(0), max_len=self._max_len, max_rows=self._fws_rows, ws=_ptr(ws), fws=_ptr(self._fws),
                            logits=_ptr(logits), threads=self.threads)
         rc = self.kernels.decode_step(self.params, step)
         if rc != Status.OK:

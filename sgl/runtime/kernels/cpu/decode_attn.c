@@ -67,7 +67,7 @@ static inline __m512 hsum16(const __m512 *v) {
 
 /* scores[r * ss + j] = scale * (q_r . K[slots[j], g]) for the G (<= KEY_HEADS) query
  * heads q_r = q + r * d and j < len. qf: scratch of G * (d + 16) floats. Each K row is
- * fetched from memory once for the G heads (the others read it from L1). */
+ * fetched from memory once for the G heads (the others read it from L1 or L2). */
 static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const int64_t *slots, int len, int nkv, int g, int d,
                        float scale, float *scores, int64_t ss, float *qf) {
     (void)qf;
@@ -103,11 +103,26 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const
 #else
     for (int r = 0; r < G; r++) {
         const bf16 *qr = q + (int64_t)r * d;
-        for (int j = 0; j < len; j++) scores[r * ss + j] = dot(K + (slots[j] * nkv + g) * d, qr, d) * scale;
+        float *sr = scores + r * ss;
+        int j = 0;
+#if defined(SGL_BF16_SIMD) /* shapes block_fused does not take */
+        __m512 part[16];
+        for (; j + 16 <= len; j += 16) {
+            if (r == 0) /* the first head's pass brings the rows in; the others find them in L2 */
+                for (int jj = 0; jj < 16 && j + jj + KV_AHEAD < len; jj++) {
+                    int64_t row = (slots[j + jj + KV_AHEAD] * nkv + g) * d;
+                    prefetch_l1(K + row, d * (int)sizeof(bf16));
+                    prefetch_l2(V + row, d * (int)sizeof(bf16)); /* for the value pass */
+                }
+            for (int jj = 0; jj < 16; jj++)
+                part[jj] = dot_acc(_mm512_setzero_ps(), K + (slots[j + jj] * nkv + g) * d, qr, d);
+            _mm512_storeu_ps(sr + j, _mm512_mul_ps(hsum16(part), _mm512_set1_ps(scale)));
+        }
+#endif
+        for (; j < len; j++) sr[j] = dot(K + (slots[j] * nkv + g) * d, qr, d) * scale;
     }
 #endif
 }
-
 
 static inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -120,6 +135,7 @@ static int64_t lane_floats(int nh, int d, int group) { return nh * up16(KEY_BLOC
 static inline int64_t part_floats(int d) { return up16(d + 2); }
 
 int64_t attn_ws_floats(int max_len, int max_rows, int nh, int d, int group) {
+    if (max_rows < 1) max_rows = 1;
     int64_t blocks = (max_len + KEY_BLOCK - 1) / KEY_BLOCK;
     return 2 * lane_floats(nh, d, group) + (int64_t)max_rows * blocks * nh * part_floats(d);
 }
@@ -340,12 +356,14 @@ void attn_block_chunk(void *arg, int c) {
 
 void attn_merge_chunk(void *arg, int c) {
     const AttnJob *j = (const AttnJob *)arg;
-    int b = c / j->nh, h = c % j->nh, d = j->d;
-    int nb = (int)((j->seq_lens[b] + KEY_BLOCK - 1) / KEY_BLOCK);
-    const int64_t ps = part_floats(d);
-    const float *part = j->fws + 2 * lane_floats(j->nh, d, j->nh / j->nkv) + (int64_t)b * j->block_cap * j->nh * ps + h * ps;
+    const int b = c / j->nh, h = c % j->nh, d = j->d, group = j->nh / j->nkv;
+    const int nb = (int)((j->seq_lens[b] + KEY_BLOCK - 1) / KEY_BLOCK);
+    const int64_t ps = part_floats(d), lane_n = lane_floats(j->nh, d, group);
+    const float *part = j->fws + 2 * lane_n + (int64_t)b * j->block_cap * j->nh * ps + h * ps;
     const int64_t bs = j->nh * ps; /* from one block's partials to the next */
-    float mx = -INFINITY, sum = 0.f, acc[SGL_ATTN_MAX_D];
+    /* the sums in the lane's accumulators: the first pass is over, and they fit d floats */
+    float *acc = j->fws + team_lane() * lane_n + j->nh * up16(KEY_BLOCK) + group * up16(d + 16);
+    float mx = -INFINITY, sum = 0.f;
     for (int k = 0; k < nb; k++) mx = part[k * bs] > mx ? part[k * bs] : mx;
     for (int i = 0; i < d; i++) acc[i] = 0.f;
     for (int k = 0; k < nb; k++) {
@@ -353,7 +371,7 @@ void attn_merge_chunk(void *arg, int c) {
         sum = fmaf(w, p[1], sum);
         for (int i = 0; i < d; i++) acc[i] = fmaf(w, p[2 + i], acc[i]);
     }
-    const float inv = 1.0f / sum;
+    const float inv = nb ? 1.0f / sum : 0.f; /* no keys: zeros (each block's sum is >= 1) */
     bf16 *out = j->att + ((int64_t)b * j->nh + h) * d;
     for (int i = 0; i < d; i++) out[i] = f2bf(acc[i] * inv);
 }

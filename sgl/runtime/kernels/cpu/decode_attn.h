@@ -9,9 +9,6 @@
 
 /* Keys per block: the unit of work of the first pass, and the span of one partial result. */
 #define KEY_BLOCK 128
-/* The largest head size the merge takes (its sums are held on the stack). */
-#define SGL_ATTN_MAX_D 256
-
 /* One step's attention: qkv rows [B, (nh + 2 nkv) d] (q first), the layer's K/V pool
  * buffers [slots, nkv, d], each row's table row and sequence length, float scratch of
  * attn_ws_floats(...) (two lanes, then the partial results of up to block_cap blocks per

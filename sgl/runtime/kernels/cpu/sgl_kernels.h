@@ -47,13 +47,14 @@ typedef struct {
 
 /* One step of `rows` single-token requests, and its scratch. */
 typedef struct {
-    int rows;       /* at most 8 */
+    int rows;       /* at most max_rows */
     const int64_t *input_ids, *positions, *out_loc, *req_rows, *seq_lens; /* [rows] */
     const int64_t *req_to_token;
     int64_t r2t_stride;
     int max_len;    /* longest context `fws` was sized for */
+    int max_rows;   /* most rows `fws` was sized for */
     uint16_t *ws;   /* sgl_decode_ws(model, rows) bf16 elements */
-    float *fws;     /* sgl_decode_fws(model, max_len) floats */
+    float *fws;     /* sgl_decode_fws(model, max_len, max_rows) floats */
     float *logits;  /* [rows, vocab] */
     int threads;    /* 1, or 2 with team.c's helper */
 } sgl_decode_batch;
@@ -61,7 +62,7 @@ typedef struct {
 int sgl_decode_fields(void);
 int sgl_decode_simd(void); /* 0: plain C, 1: AVX512-BF16, 2: AVX2 + FMA */
 int64_t sgl_decode_ws(const sgl_decode_model *m, int rows);
-int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len);
+int64_t sgl_decode_fws(const sgl_decode_model *m, int max_len, int max_rows);
 sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *b);
 
 /* ---- products over GGUF blocks (quant.c) ---------------------------------------------- */
