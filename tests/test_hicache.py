@@ -301,6 +301,57 @@ def test_a_finished_storage_lookup_wakes_the_scheduler(tmp_path) -> None:
         tier.close()
 
 
+def test_lookups_of_requests_that_arrived_together_wake_the_scheduler_once(tmp_path) -> None:
+    """Two requests arrive while the reader is busy: it wakes the scheduler once, after
+    the second lookup too is done, so both are admitted in one step (a wake after the
+    first would admit it alone and leave the other for a step of its own)."""
+    import threading
+    import time
+
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    nbytes = 32
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    gate = threading.Event()
+    exists = store.exists
+
+    def held_exists(keys):  # the reader's first lookup waits until both requests arrived
+        gate.wait(30)
+        return exists(keys)
+
+    store.exists = held_exists
+    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    hc = HiCache(PAGE, 16, storage=tier)
+    p = SamplingParams.from_dict({"max_new_tokens": 1})
+    reqs = []
+    for uid in (7, 8):
+        req = Req(rid=str(uid), input_ids=list(range(uid * 100, uid * 100 + 2 * PAGE + 1)), params=p,
+                  on_output=lambda o: None)
+        req.uid = uid
+        hashes = hc.hashes(req, 2 * PAGE)
+        store.set([tier.key(h) for h in hashes], [bytes([k]) * nbytes for k in range(2)])
+        reqs.append(req)
+    woken: list[list[bool]] = []
+    event = threading.Event()
+
+    def wake() -> None:
+        woken.append([hc.storage_pending(r) for r in reqs])
+        event.set()
+
+    tier.on_prefetch_done = wake
+    try:
+        for req in reqs:
+            hc.on_arrival(req)
+        gate.set()
+        assert event.wait(30), "the lookups never reported that they ended"
+        time.sleep(0.2)  # a second wake would come now
+        assert woken == [[False, False]]
+        assert all(hc.match(r, 0, 2 * PAGE).storage_tokens == 2 * PAGE for r in reqs)
+    finally:
+        tier.close()
+
+
 @pytest.mark.model
 def test_worker_build_wires_storage_lookups_to_the_scheduler_wake(tmp_path) -> None:
     from sgl.runtime.config import EngineConfig

@@ -10,9 +10,9 @@ those already in the host tier (`exists`, then `get` in batches) and appends eac
 verified page as it arrives. At admission `take` hands over what has arrived (the
 hierarchical cache fills host pages with it and loads them); `must_wait` applies the
 policy: best_effort never waits, wait_complete waits for the lookup to finish, timeout
-waits at most `prefetch_timeout` seconds. A finished lookup calls `on_prefetch_done` (the
-scheduler's wake: an idle loop would otherwise sleep out its 20 ms poll before admitting
-the request that waited). A failing backend answers misses, so a request only ever loses
+waits at most `prefetch_timeout` seconds. When the last queued lookup finishes, the reader
+calls `on_prefetch_done` (the scheduler's wake: an idle loop would otherwise sleep out its
+20 ms poll before admitting the requests that waited). A failing backend answers misses, so a request only ever loses
 its hit, never fails.
 """
 
@@ -164,7 +164,10 @@ class StorageTier:
                 p.done = True
                 with self._lock:
                     self.stats["storage_prefetch_seconds"] += time.perf_counter() - t0
-                if self.on_prefetch_done is not None and not p.cancelled:
+                # Requests that arrived together (clients whose previous requests finished in
+                # one step) are woken for together, once the last of their lookups is done,
+                # so they share one extend step instead of taking one each.
+                if self.on_prefetch_done is not None and not p.cancelled and self._reads.empty():
                     self.on_prefetch_done()
 
     def _prefetch(self, p: Prefetch) -> None:
