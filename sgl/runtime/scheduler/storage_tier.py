@@ -154,6 +154,7 @@ class StorageTier:
                 self.stats["storage_bytes_written"] += sum(len(f) - HEADER_SIZE for f, k in zip(frames, ok) if k)
 
     def _read_loop(self) -> None:
+        owed = False  # a request's lookup finished since the last wake
         while (p := self._reads.get()) is not None:
             t0 = time.perf_counter()
             try:
@@ -167,7 +168,9 @@ class StorageTier:
                 # Requests that arrived together (clients whose previous requests finished in
                 # one step) are woken for together, once the last of their lookups is done,
                 # so they share one extend step instead of taking one each.
-                if self.on_prefetch_done is not None and not p.cancelled and self._reads.empty():
+                owed = owed or not p.cancelled
+                if owed and self.on_prefetch_done is not None and self._reads.empty():
+                    owed = False
                     self.on_prefetch_done()
 
     def _prefetch(self, p: Prefetch) -> None:
