@@ -150,7 +150,7 @@ def test_greedy_decoding_on_blocks_agrees_with_the_bf16_path(real):
     AVX2 build): 141 of 144 steps agree (free-running, the first divergence came at 3-32 tokens: a near-tie
     flips a word, e.g. "wizard" vs "woman", and the texts part). Exact agreement is not
     guaranteed (int8 activations move each product by up to ~2% of ||w|| ||x||), so the
-    test asks for 90%, and for the top choice of either path among the other's top 3."""
+    test asks for 90%, and for the top choice of either path near the other's top 3 (2%)."""
     model, c, tok = real.model, real.config, real.tokenizer
     k = binding.kernels()
     decs = {"none": CpuDecoder(model, k, 1, native_blocks=False), "gguf": CpuDecoder(model, k, 1)}
@@ -175,7 +175,13 @@ def test_greedy_decoding_on_blocks_agrees_with_the_bf16_path(real):
             a, b = int(step["none"].argmax()), int(step["gguf"].argmax())
             agree += a == b
             total += 1
-            assert a in step["gguf"].topk(3).indices.tolist() and b in step["none"].topk(3).indices.tolist()
+            # within 2% of the other's third value: bf16 logits tie often (after "The capital
+            # of France is" ... the digits 0-4 all round to 37.0 on one path, and one of them
+            # to 36.75, one ulp lower, on the other), where top-3 indices mean little; a
+            # broken product is off by whole logits
+            for x, other in ((a, step["gguf"]), (b, step["none"])):
+                third = other.topk(3).values[-1]
+                assert other[x] >= third - 0.02 * third.abs(), (prompt, i, x, other.topk(5))
             token = a
     print(f"teacher-forced greedy agreement, blocks vs bf16: {agree} of {total} steps")
     assert agree >= 0.9 * total, (agree, total)
