@@ -12,8 +12,8 @@ hierarchical cache fills host pages with it and loads them); `must_wait` applies
 policy: best_effort never waits, wait_complete waits for the lookup to finish, timeout
 waits at most `prefetch_timeout` seconds. When the last queued lookup finishes, the reader
 calls `on_prefetch_done` (the scheduler's wake: an idle loop would otherwise sleep out its
-20 ms poll before admitting the requests that waited). A failing backend answers misses, so a request only ever loses
-its hit, never fails.
+20 ms poll before admitting the requests that waited). A failing backend answers misses,
+so a request only ever loses its hit, never fails.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ _MESSAGES = {
     Status.CONTEXT_TOO_LONG: "a context is longer than the request table",
     Status.POSITION_OUT_OF_RANGE: "a RoPE position is outside the cos/sin tables",
     Status.UNSUPPORTED: "this build, shape or weight type is not supported (attention needs AVX512-BF16, "
-                        "head_dim 64 or 128; the decode step takes the rows its scratch was sized for; block weights need whole blocks of Q8_0/Q4_0/Q4_1/Q4_K/Q6_K)",
+                        "head_dim 64 or 128; the decode step takes rows of at least one key, at most as many "
+                        "as its scratch was sized for; block weights need whole blocks of Q8_0/Q4_0/Q4_1/Q4_K/Q6_K)",
     Status.NO_MEMORY: "out of memory",
 }
 
@@ -67,8 +68,8 @@ class DecodeBatch(ctypes.Structure):
     """sgl_decode_batch: one step of single-token rows and its scratch."""
 
     _fields_ = [("rows", _i), ("input_ids", _p), ("positions", _p), ("out_loc", _p), ("req_rows", _p),
-                ("seq_lens", _p), ("req_to_token", _p), ("r2t_stride", _i64), ("max_len", _i), ("max_rows", _i), ("ws", _p),
-                ("fws", _p), ("logits", _p), ("threads", _i)]
+                ("seq_lens", _p), ("req_to_token", _p), ("r2t_stride", _i64), ("max_len", _i), ("max_rows", _i),
+                ("ws", _p), ("fws", _p), ("logits", _p), ("threads", _i)]
 
 
 class AttnParams(ctypes.Structure):

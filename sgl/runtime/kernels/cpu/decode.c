@@ -250,6 +250,7 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
     int64_t longest = 0;
     for (int b = 0; b < B; b++) {
         if (bt->seq_lens[b] > bt->max_len) return SGL_ERR_CONTEXT_TOO_LONG;
+        if (bt->seq_lens[b] < 1) return SGL_ERR_UNSUPPORTED; /* a row attends at least to its own token */
         longest = bt->seq_lens[b] > longest ? bt->seq_lens[b] : longest;
     }
     if (!types_ok(m) || B > bt->max_rows) return SGL_ERR_UNSUPPORTED;
@@ -286,10 +287,10 @@ sgl_status sgl_decode_step(const sgl_decode_model *m, const sgl_decode_batch *bt
                       bt->fws, att};
         if (g_team) {
             team_run(attn_block_chunk, &aj, B * aj.blocks);
-            team_run(attn_merge_chunk, &aj, B * nh);
+            if (aj.blocks > 1) team_run(attn_merge_chunk, &aj, B * nh);
         } else {
             for (int c = 0; c < B * aj.blocks; c++) attn_block_chunk(&aj, c);
-            for (int c = 0; c < B * nh; c++) attn_merge_chunk(&aj, c);
+            for (int c = 0; aj.blocks > 1 && c < B * nh; c++) attn_merge_chunk(&aj, c);
         }
         gemv((int)p[SGL_L_O_T], (const void *)p[SGL_L_O], att, B, hidden, nh * d, o_b, tmp);
         for (int b = 0; b < B; b++) /* the residual add, then the norm */

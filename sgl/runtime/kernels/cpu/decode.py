@@ -229,8 +229,8 @@ class CpuDecoder:
         r2t = batch.req_to_token
         step = DecodeBatch(rows=int(ids.shape[0]), input_ids=_ptr(ids), positions=_ptr(pos), out_loc=_ptr(loc),
                            req_rows=_ptr(rows), seq_lens=_ptr(lens), req_to_token=_ptr(r2t),
-                           r2t_stride=r2t.stride(0), max_len=self._max_len, max_rows=self._fws_rows, ws=_ptr(ws), fws=_ptr(self._fws),
-                           logits=_ptr(logits), threads=self.threads)
+                           r2t_stride=r2t.stride(0), max_len=self._max_len, max_rows=self._fws_rows, ws=_ptr(ws),
+                           fws=_ptr(self._fws), logits=_ptr(logits), threads=self.threads)
         rc = self.kernels.decode_step(self.params, step)
         if rc != Status.OK:
             raise RuntimeError(f"CPU decode kernel: {rc.message}")

@@ -127,8 +127,9 @@ static void key_scores(const bf16 *q, int G, const bf16 *K, const bf16 *V, const
 static inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* Floats of one lane's scratch for one block of keys: the nh heads' scores, the widened
- * queries (d + 16 each) of one group of `group` heads, and nh heads' accumulators. */
-static int64_t lane_floats(int nh, int d, int group) { return nh * up16(KEY_BLOCK) + group * up16(d + 16) + nh * up16(d); }
+ * queries (d + 16 each) of one group of `group` heads, and nh heads' accumulators (also
+ * the merge's d + 2). */
+static int64_t lane_floats(int nh, int d, int group) { return nh * up16(KEY_BLOCK) + group * up16(d + 16) + nh * up16(d + 2); }
 
 /* Floats of one partial result: the block's score maximum, its sum of exponentials and
  * the unnormalized weighted sum of V (d). */
@@ -336,6 +337,12 @@ static void attend_block(const bf16 *q, const bf16 *K, const bf16 *V, const int6
     }
 }
 
+/* out = a head's normalized output from a partial result (max, sum, V sums). */
+static void finish_head(const float *part, int d, bf16 *out) {
+    const float inv = 1.0f / part[1]; /* >= 1: the block's top key contributes exp(0) */
+    for (int i = 0; i < d; i++) out[i] = f2bf(part[2 + i] * inv);
+}
+
 /* The step's attention is split into blocks of KEY_BLOCK keys so that one long row keeps
  * both threads busy and a thread reads a block's K and V rows (every K/V head of a slot,
  * adjacent in the pool) while they are in its cache. Chunk c = (row, block) of the first
@@ -352,26 +359,28 @@ void attn_block_chunk(void *arg, int c) {
     float *part = j->fws + 2 * lane_n + ((int64_t)b * j->block_cap + blk) * j->nh * ps;
     attend_block(j->qkv + (int64_t)b * j->qkv_n, j->K, j->V, slots, len, j->nh, j->nkv, j->d,
                  j->fws + team_lane() * lane_n, part, ps);
+    if (j->seq_lens[b] <= KEY_BLOCK) /* the row's only block: its output now, as the merge would */
+        for (int h = 0; h < j->nh; h++) finish_head(part + h * ps, j->d, j->att + ((int64_t)b * j->nh + h) * j->d);
 }
 
+/* Merge pass, chunk c = (row, query head) of a row of several blocks (a one-block row got
+ * its output in the first pass: the merge of one block, weight exp(0) = 1, is the same). */
 void attn_merge_chunk(void *arg, int c) {
     const AttnJob *j = (const AttnJob *)arg;
     const int b = c / j->nh, h = c % j->nh, d = j->d, group = j->nh / j->nkv;
     const int nb = (int)((j->seq_lens[b] + KEY_BLOCK - 1) / KEY_BLOCK);
+    if (nb <= 1) return;
     const int64_t ps = part_floats(d), lane_n = lane_floats(j->nh, d, group);
     const float *part = j->fws + 2 * lane_n + (int64_t)b * j->block_cap * j->nh * ps + h * ps;
     const int64_t bs = j->nh * ps; /* from one block's partials to the next */
-    /* the sums in the lane's accumulators: the first pass is over, and they fit d floats */
+    /* the merged result in the lane's accumulators (the first pass is over; d + 2 floats fit) */
     float *acc = j->fws + team_lane() * lane_n + j->nh * up16(KEY_BLOCK) + group * up16(d + 16);
-    float mx = -INFINITY, sum = 0.f;
+    float mx = -INFINITY;
     for (int k = 0; k < nb; k++) mx = part[k * bs] > mx ? part[k * bs] : mx;
-    for (int i = 0; i < d; i++) acc[i] = 0.f;
+    for (int i = 0; i < d + 2; i++) acc[i] = 0.f;
     for (int k = 0; k < nb; k++) {
         const float *p = part + k * bs, w = expf(p[0] - mx);
-        sum = fmaf(w, p[1], sum);
-        for (int i = 0; i < d; i++) acc[i] = fmaf(w, p[2 + i], acc[i]);
+        for (int i = 1; i < d + 2; i++) acc[i] = fmaf(w, p[i], acc[i]);
     }
-    const float inv = nb ? 1.0f / sum : 0.f; /* no keys: zeros (each block's sum is >= 1) */
-    bf16 *out = j->att + ((int64_t)b * j->nh + h) * d;
-    for (int i = 0; i < d; i++) out[i] = f2bf(acc[i] * inv);
+    finish_head(acc, d, j->att + ((int64_t)b * j->nh + h) * d);
 }
