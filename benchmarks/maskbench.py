@@ -302,20 +302,39 @@ class Worker:
         self.start()
 
 
-def run_all(files: list[Path], engines: list[str], timeout: float, workers: int) -> dict:
+def read_journal(path: Path | None) -> dict[tuple[str, str], dict]:
+    """Results of an earlier, interrupted run with the same --journal: one JSON line per
+    finished job, so a run of hours can stop and go on without redoing work."""
+    out: dict[tuple[str, str], dict] = {}
+    if path is None or not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out[(rec["engine"], rec["file"])] = rec["result"]
+    return out
+
+
+def run_all(files: list[Path], engines: list[str], timeout: float, workers: int,
+            journal: Path | None = None) -> dict:
     """Engines one after another, each on its own pool of `workers` fresh processes: an
     engine's timings never share a process (heap, caches, threads) or the other cores
     with another engine's work, whichever engines were selected."""
     tok_path = tokenizer_json()
-    out: dict[tuple[str, str], dict] = {}
+    out = read_journal(journal)
+    if out:
+        print(f"  journal: {len(out)} jobs already done", file=sys.stderr, flush=True)
     for engine in engines:
         t0 = time.monotonic()
-        out.update(_run_engine(engine, files, tok_path, timeout, workers))
+        todo = [f for f in files if (engine, str(f)) not in out]
+        out.update(_run_engine(engine, todo, tok_path, timeout, workers, journal))
         print(f"  {engine}: {len(files)} schemas in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
     return out
 
 
-def _run_engine(engine: str, files: list[Path], tok_path: str, timeout: float, workers: int) -> dict:
+def _run_engine(engine: str, files: list[Path], tok_path: str, timeout: float, workers: int,
+                journal: Path | None) -> dict:
+    sink = journal.open("a") if journal is not None else None
     pool = [Worker(tok_path, engine) for _ in range(workers)]
     jobs = [(engine, str(f)) for f in files]
     out: dict[tuple[str, str], dict] = {}
@@ -327,6 +346,7 @@ def _run_engine(engine: str, files: list[Path], tok_path: str, timeout: float, w
         for w in pool:
             if w.job is None:
                 continue
+            w_job = w.job
             if w.conn.poll(0.01):
                 out[w.job] = w.conn.recv()
                 w.job = None
@@ -338,11 +358,16 @@ def _run_engine(engine: str, files: list[Path], tok_path: str, timeout: float, w
                 done += 1
             else:
                 continue
+            if sink is not None:
+                sink.write(json.dumps({"engine": w_job[0], "file": w_job[1], "result": out[w_job]}) + "\n")
+                sink.flush()
             if done % 500 == 0:
                 print(f"  {engine}: {done} jobs done", file=sys.stderr, flush=True)
     for w in pool:
         w.conn.send(None)
         w.proc.join(timeout=10)
+    if sink is not None:
+        sink.close()
     return out
 
 
@@ -385,12 +410,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/maskbench.json"))
+    ap.add_argument("--journal", default=None,
+                    help="append each finished job here and skip jobs already in it (resume a long run)")
     args = ap.parse_args()
     files = [f for f in DATA.glob("*.json")]
     sample = stratified_sample(files, None if args.all else args.sample, args.seed)
     engines = args.engines.split(",")
     t0 = time.time()
-    raw = run_all(sample, engines, args.timeout, args.workers)
+    raw = run_all(sample, engines, args.timeout, args.workers, Path(args.journal) if args.journal else None)
     summary = summarize(sample, engines, raw)
     print(f"\nMaskBench: {len(sample)} schemas (stratified over {len({subset_of(f.name) for f in sample})}"
           f" subsets, seed {args.seed}), tokenizer SmolLM2-135M, timeout {args.timeout}s,"
