@@ -155,28 +155,29 @@ static void store_tile(const float *acc, const bf16 *bias, int o, int n, bf16 *y
 }
 
 #ifdef QG_VNNI
-/* One group of MR activation rows against one tile column group, all blocks. */
+/* One group of MR activation rows against one tile column group, all blocks. The
+ * integer sums run weight register outer, row inner: MR independent vpdpbusd chains in
+ * flight (row outer made each row one chain of 8 dependent products, and the core waited
+ * on their latency). Integer sums are exact, so the order changes no bit. */
 static void tile_group(const uint8_t *T, int nb, const uint8_t *G, float *acc_out) {
     __m512 f[MR];
     for (int r = 0; r < MR; r++) f[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++, T += TILE_BYTES, G += GROUP_BLK) {
-        __m512i w0 = _mm512_loadu_si512(T), w1 = _mm512_loadu_si512(T + 64), w2 = _mm512_loadu_si512(T + 128),
-                w3 = _mm512_loadu_si512(T + 192), w4 = _mm512_loadu_si512(T + 256), w5 = _mm512_loadu_si512(T + 320),
-                w6 = _mm512_loadu_si512(T + 384), w7 = _mm512_loadu_si512(T + 448);
+        __m512i s[MR];
+        const int32_t *a = (const int32_t *)G; /* row r's 4-byte group k at a[8 * r + k] */
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) s[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i w = _mm512_loadu_si512(T + 64 * k);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) s[r] = _mm512_dpbusd_epi32(s[r], w, _mm512_set1_epi32(a[8 * r + k]));
+        }
         __m512 dw = _mm512_loadu_ps(T + TILE_U), mw = _mm512_loadu_ps(T + TILE_U + 64);
         const float *xd = (const float *)(G + MR * 32);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            const int32_t *a = (const int32_t *)(G + 32 * r);
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, _mm512_set1_epi32(a[0]));
-            s = _mm512_dpbusd_epi32(s, w1, _mm512_set1_epi32(a[1]));
-            s = _mm512_dpbusd_epi32(s, w2, _mm512_set1_epi32(a[2]));
-            s = _mm512_dpbusd_epi32(s, w3, _mm512_set1_epi32(a[3]));
-            s = _mm512_dpbusd_epi32(s, w4, _mm512_set1_epi32(a[4]));
-            s = _mm512_dpbusd_epi32(s, w5, _mm512_set1_epi32(a[5]));
-            s = _mm512_dpbusd_epi32(s, w6, _mm512_set1_epi32(a[6]));
-            s = _mm512_dpbusd_epi32(s, w7, _mm512_set1_epi32(a[7]));
-            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), f[r]);
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), f[r]);
             f[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xd[MR + r]), f[r]);
         }
     }
