@@ -261,6 +261,44 @@ def test_storage_hits_stay_storage_when_admission_waits(tmp_path) -> None:
         tier.close()
 
 
+def test_storage_fills_never_evict_the_pages_the_same_request_loads(tmp_path) -> None:
+    """A host tier smaller than a prompt's hits: 2 pages are host hits, 4 more come up from
+    storage, and the tier holds 4. Fills may evict only pages no pending load reads, so the
+    hit stops at 4 pages, each in its own host page with its own bytes."""
+    import time
+
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    nbytes = 32
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    hc = HiCache(PAGE, 4, storage=tier)
+    try:
+        p = SamplingParams.from_dict({"max_new_tokens": 1})
+        req = Req(rid="r", input_ids=list(range(3, 3 + 6 * PAGE + 1)), params=p, on_output=lambda o: None)
+        req.uid = 9
+        hashes = hc.hashes(req, 6 * PAGE)
+        for h in hashes[:2]:
+            assert hc.host.put(h) is not None
+        store.set([tier.key(h) for h in hashes[2:]], [bytes([k]) * nbytes for k in range(2, 6)])
+        hc.on_arrival(req)
+        deadline = time.monotonic() + 10
+        while hc.storage_pending(req) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hit = hc.match(req, 0, 6 * PAGE)
+        pages = [page for page, _, _ in hit.loads]
+        assert len(pages) == len(set(pages)) == 4
+        assert (hit.host_tokens, hit.storage_tokens) == (2 * PAGE, 2 * PAGE)
+        _, _, fills, _ = hc.take_copies()
+        assert [blob[0] for _, blob in fills] == [2, 3]
+        assert [page for page, _ in fills] == pages[2:]
+        hc.host.check_invariants()
+        assert all(h in hc.host for h in hashes[:4])
+    finally:
+        tier.close()
+
+
 def test_a_finished_storage_lookup_wakes_the_scheduler(tmp_path) -> None:
     """The reader thread calls `on_prefetch_done` once a request's lookup ends, found or
     not, with the lookup already marked done (the woken loop must see it finished); the

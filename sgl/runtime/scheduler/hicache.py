@@ -182,6 +182,9 @@ class HiCache:
         if k0 >= len(hashes):
             return hit
         pages = self.host.lookup(hashes[k0:])
+        # Pinned as they are taken: a fill below evicts the LRU unpinned page, which must
+        # never be one this request already loads from (two loads, one page's bytes).
+        self.host.pin(pages)
         filled = self._filled.get(req.uid, set())
         first = device_tokens - k0 * P
         for h, page in zip(hashes[k0:], pages):
@@ -197,12 +200,12 @@ class HiCache:
                 free = self.host.put(h)
                 if free is None:
                     break
+                self.host.pin([free])
                 self.fills.append((free, blob))  # committed now: the index already names the page
                 self._filled.setdefault(req.uid, set()).add(h)
                 hit.loads.append((free, first, P - first))
                 hit.storage_tokens += P - first
                 first = 0
-        self.host.pin(p for p, _, _ in hit.loads)
         return hit
 
     def commit(self, hit: TierHit, slots: list[int]) -> None:
