@@ -299,6 +299,44 @@ def test_storage_fills_never_evict_the_pages_the_same_request_loads(tmp_path) ->
         tier.close()
 
 
+def test_a_page_missing_from_storage_is_written_again(tmp_path) -> None:
+    """A page this process stored and the store then lost (evicted, deleted as corrupt) is
+    no longer skipped as written: the lookup that finds the hole makes the next store of
+    that page write it again, so the chain is whole for later requests."""
+    import time
+
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    nbytes = 32
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes([page]) * nbytes,
+                       prefetch_policy="wait_complete")
+
+    def written(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while tier.snapshot()["storage_pages_written"] < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tier.snapshot()["storage_pages_written"] == n
+
+    try:
+        hashes = [11, 12, 13]
+        tier.write_through(list(zip(range(3), hashes)))
+        written(3)
+        tier.write_through(list(zip(range(3), hashes)))  # known: not written twice
+        store.delete([tier.key(12)])
+        tier.start_prefetch(1, hashes, 0)
+        deadline = time.monotonic() + 10
+        while tier.must_wait(1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [bytes(b)[0] for b in tier.take(1, 0)] == [0]  # the chain stops at the hole
+        tier.write_through(list(zip(range(3), hashes)))
+        written(4)
+        assert store.exists([tier.key(h) for h in hashes]) == 3
+    finally:
+        tier.close()
+
+
 def test_a_finished_storage_lookup_wakes_the_scheduler(tmp_path) -> None:
     """The reader thread calls `on_prefetch_done` once a request's lookup ends, found or
     not, with the lookup already marked done (the woken loop must see it finished); the

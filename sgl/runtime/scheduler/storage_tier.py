@@ -38,6 +38,7 @@ MAX_QUEUED_WRITES = 256  # write batches; beyond this, writes are dropped (stora
 class Prefetch:
     start: int  # first page index looked up
     keys: list[str]
+    hashes: list[int]  # the keys' page hashes
     started_at: float = field(default_factory=time.monotonic)
     pages: list[memoryview] = field(default_factory=list)  # verified payloads, in order, as they arrive
     done: bool = False
@@ -54,8 +55,11 @@ class StorageTier:
         self.policy = prefetch_policy
         self.timeout = prefetch_timeout
         self._prefetches: dict[int, Prefetch] = {}  # request uid -> its prefetch
-        self._written: set[int] = set()  # page hashes this process stored (skip rewriting them)
-        self._writes: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue(MAX_QUEUED_WRITES)  # keys, frames
+        # Page hashes this process stored or queued (skip rewriting them); a failed write or a
+        # lookup that finds one missing (evicted, deleted as corrupt) takes it out again, or
+        # the chain would keep a hole at it for good (`exists` counts hits up to the first miss).
+        self._written: set[int] = set()
+        self._writes: queue.Queue[tuple[list[str], list[bytes], list[int]] | None] = queue.Queue(MAX_QUEUED_WRITES)
         self._reads: queue.Queue[Prefetch | None] = queue.Queue()
         self._lock = threading.Lock()
         self.on_prefetch_done: Callable[[], None] | None = None  # thread-safe; set by the worker build
@@ -74,26 +78,29 @@ class StorageTier:
 
     def write_through(self, stored: list[tuple[int, int]]) -> None:
         """(host page, page hash) just written to the host tier: send them on to storage."""
-        todo = [(p, h) for p, h in stored if h not in self._written]
+        with self._lock:
+            todo = [(p, h) for p, h in stored if h not in self._written]
         if not todo:
             return
         keys = [self.key(h) for _, h in todo]
+        hashes = [h for _, h in todo]
         # Framed here, while the host page still holds these bytes (the frame is the copy).
         frames = [self.store.frame(self.read_page(p)) for p, _ in todo]
         try:
-            self._writes.put_nowait((keys, frames))
+            self._writes.put_nowait((keys, frames, hashes))
         except queue.Full:
             with self._lock:
                 self.stats["storage_writes_dropped"] += len(keys)
             return
-        if len(self._written) > 1_000_000:
-            self._written.clear()
-        self._written.update(h for _, h in todo)
+        with self._lock:
+            if len(self._written) > 1_000_000:
+                self._written.clear()
+            self._written.update(hashes)
 
     def start_prefetch(self, uid: int, hashes: list[int], start: int) -> None:
         if start >= len(hashes):
             return
-        p = Prefetch(start, [self.key(h) for h in hashes[start:]])
+        p = Prefetch(start, [self.key(h) for h in hashes[start:]], list(hashes[start:]))
         self._prefetches[uid] = p
         self._reads.put(p)
 
@@ -120,7 +127,8 @@ class StorageTier:
 
     def clear(self) -> None:
         self.store.clear()
-        self._written.clear()
+        with self._lock:
+            self._written.clear()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -142,13 +150,14 @@ class StorageTier:
     # -- background threads ----------------------------------------------------------------
     def _write_loop(self) -> None:
         while (job := self._writes.get()) is not None:
-            keys, frames = job
+            keys, frames, hashes = job
             try:
                 ok = self.store.set_framed(keys, frames)
             except Exception:
                 log.warning("storage %s: write failed; going on without it", self.store.name, exc_info=True)
-                ok = []
+                ok = [False] * len(keys)
             with self._lock:
+                self._written.difference_update(h for h, k in zip(hashes, ok) if not k)
                 self.stats["storage_pages_written"] += sum(ok)
                 # payload bytes, as storage_bytes_loaded counts them
                 self.stats["storage_bytes_written"] += sum(len(f) - HEADER_SIZE for f, k in zip(frames, ok) if k)
@@ -177,6 +186,9 @@ class StorageTier:
         if p.cancelled:
             return
         n = self.store.exists(p.keys)
+        if n < len(p.keys):  # missing here: the next store of this page writes it again
+            with self._lock:
+                self._written.discard(p.hashes[n])
         for lo in range(0, n, GET_BATCH):
             if p.cancelled:
                 return
