@@ -397,6 +397,29 @@ def test_redis_killed_mid_use_then_restarted_reconnects(caplog):
         srv.stop()
 
 
+def test_redis_max_bytes_reaches_a_server_that_came_up_late_and_one_that_restarted():
+    srv = start_redis()
+    srv.stop()  # unreachable at start
+    try:
+        limit = str(48 * 2**20)
+        store = redis_store(srv.url, max_bytes=int(limit), retry_interval_s=0.05)
+        keys = keys_of(list(range(8000, 8008)))
+        assert store.set(keys, pages(2)) == [False] * 2
+        for restart in range(2):  # it comes up; then it restarts, forgetting CONFIG SET
+            srv.start()
+            deadline = time.monotonic() + 30
+            while store.set(keys, pages(2)) != [True] * 2:
+                assert time.monotonic() < deadline, "never reconnected"
+                time.sleep(0.05)
+            raw = redis.Redis.from_url(srv.url)
+            assert raw.config_get("maxmemory")["maxmemory"] == limit, f"after start {restart}"
+            assert raw.config_get("maxmemory-policy")["maxmemory-policy"] == "allkeys-lru"
+            raw.close()
+            srv.stop()
+    finally:
+        srv.stop()
+
+
 def test_redis_proc_is_real():
     srv = start_redis()
     try:

@@ -9,9 +9,9 @@ are content-addressed (a key names a prefix), so rewriting a key rewrites the sa
 Size limit: Redis evicts, not us. Run the server with ``maxmemory <bytes>`` and
 ``maxmemory-policy allkeys-lru`` (the recommended set-up; eviction then follows use, across
 all workers), and/or give `ttl_s` so pages expire that long after their last write. If
-`max_bytes` is given, the backend asks the server for exactly that at connect time (CONFIG
-SET maxmemory / allkeys-lru; server-wide, logged once if the server refuses, e.g. a managed
-Redis).
+`max_bytes` is given, the backend asks the server for exactly that on every new socket, so
+a server that came up late or restarted gets it too (CONFIG SET maxmemory / allkeys-lru;
+server-wide, logged once if the server refuses, e.g. a managed Redis).
 
 Faults never reach the scheduler: socket timeouts are short (connect 0.3 s, I/O 0.5 s by
 default) and redis-py's own retries are off. On a connection error or timeout the backend
@@ -76,14 +76,14 @@ class RedisBackend:
         self.ttl_ms = None if ttl_s is None else max(1, int(ttl_s * 1000))
         self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
         self._redis_error = redis.exceptions.RedisError
+        self._configured = False  # True once the server refused CONFIG SET (not asked again)
         self._client = redis.Redis.from_url(
             url, socket_timeout=socket_timeout_s, socket_connect_timeout=connect_timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
-            socket_read_size=_READ_SIZE)
+            socket_read_size=_READ_SIZE, redis_connect_func=self._on_socket)
         self._lock = threading.Lock()
         self._retry_base = self._retry_s = float(retry_interval_s)
         self._down_until: float | None = None  # None: connected (or never tried)
-        self._configured = False
         self._starting = True  # the first outage log says "unreachable at start"
         self._n = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "writes", "errors",
                                  "connect_attempts", "reconnects"), 0)
@@ -95,17 +95,26 @@ class RedisBackend:
         with self._lock:
             self._n["connect_attempts"] += 1
         self._client.ping()
-        if self.max_bytes is not None and not self._configured:
-            self._configured = True
-            try:
-                self._client.config_set("maxmemory", str(self.max_bytes))
-                self._client.config_set("maxmemory-policy", "allkeys-lru")
-            except self._redis_error as e:
-                if isinstance(e, self._errors):
-                    raise
-                log.warning("storage redis: the server refused CONFIG SET maxmemory (%s); set maxmemory and "
-                            "maxmemory-policy allkeys-lru on the server itself", e)
         return True
+
+    def _on_socket(self, conn: Any) -> None:
+        """redis-py's hook for every new socket: its own handshake, then `max_bytes`. Every
+        socket, because redis-py reconnects silently when a server restarted between two
+        calls, and a restarted Redis has forgotten CONFIG SET. A refusal (a managed Redis)
+        is logged once and not asked again."""
+        conn.on_connect()
+        if self.max_bytes is None or self._configured:
+            return
+        try:
+            for name, value in (("maxmemory", str(self.max_bytes)), ("maxmemory-policy", "allkeys-lru")):
+                conn.send_command("CONFIG", "SET", name, value)
+                conn.read_response()
+        except self._redis_error as e:
+            if isinstance(e, self._errors):
+                raise
+            self._configured = True
+            log.warning("storage redis: the server refused CONFIG SET maxmemory (%s); set maxmemory and "
+                        "maxmemory-policy allkeys-lru on the server itself", e)
 
     def _call(self, fn: Any, *args: Any) -> Any:
         """fn(*args), or None when the server is down (now, or within the back-off)."""
