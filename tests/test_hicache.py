@@ -337,6 +337,49 @@ def test_a_page_missing_from_storage_is_written_again(tmp_path) -> None:
         tier.close()
 
 
+def test_prefetched_pages_are_bounded_and_freed_when_not_needed(tmp_path, monkeypatch) -> None:
+    """Pages fetched for waiting requests stay under MAX_PREFETCHED_BYTES (a request past it
+    recomputes the rest), and a match that needs nothing from storage (the device holds the
+    whole prompt) frees its request's pages at once; wait_complete is capped too."""
+    import time
+
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler import storage_tier
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    nbytes = 32
+    monkeypatch.setattr(storage_tier, "GET_BATCH", 1)
+    monkeypatch.setattr(storage_tier, "MAX_PREFETCHED_BYTES", 5 * nbytes)
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    hc = HiCache(PAGE, 64, storage=tier)
+    try:
+        p = SamplingParams.from_dict({"max_new_tokens": 1})
+        reqs = []
+        for uid in (1, 2):
+            req = Req(rid=str(uid), input_ids=[uid] + list(range(3, 3 + 4 * PAGE)), params=p, on_output=lambda o: None)
+            req.uid = uid
+            hashes = hc.hashes(req, 4 * PAGE)
+            store.set([tier.key(h) for h in hashes], [bytes([k]) * nbytes for k in range(4)])
+            reqs.append(req)
+        for req in reqs:
+            hc.on_arrival(req)
+        deadline = time.monotonic() + 10
+        while any(hc.storage_pending(r) for r in reqs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tier.snapshot()["storage_prefetch_bytes_held"] == 5 * nbytes  # 4 + 1, then the budget
+        second = hc.match(reqs[1], 0, 4 * PAGE)
+        assert second.storage_tokens == 1 * PAGE
+        assert tier.snapshot()["storage_prefetch_bytes_held"] == 4 * nbytes
+        assert hc.match(reqs[0], 4 * PAGE, 4 * PAGE).num_tokens == 0  # all on the device
+        assert tier.snapshot()["storage_prefetch_bytes_held"] == 0
+        monkeypatch.setattr(storage_tier, "WAIT_COMPLETE_LIMIT_S", 0.0)
+        tier._prefetches[3] = storage_tier.Prefetch(0, ["ns/x"], [0])  # a lookup that never ends
+        assert not tier.must_wait(3)
+    finally:
+        tier.close()
+
+
 def test_a_finished_storage_lookup_wakes_the_scheduler(tmp_path) -> None:
     """The reader thread calls `on_prefetch_done` once a request's lookup ends, found or
     not, with the lookup already marked done (the woken loop must see it finished); the

@@ -180,6 +180,7 @@ class HiCache:
         k0 = device_tokens // P
         hashes = self.hashes(req, max_tokens)
         if k0 >= len(hashes):
+            self._drop_prefetch(req)
             return hit
         pages = self.host.lookup(hashes[k0:])
         # Pinned as they are taken: a fill below evicts the LRU unpinned page, which must
@@ -206,7 +207,15 @@ class HiCache:
                 hit.loads.append((free, first, P - first))
                 hit.storage_tokens += P - first
                 first = 0
+        else:
+            self._drop_prefetch(req)
         return hit
+
+    def _drop_prefetch(self, req: Req) -> None:
+        """A match that needs nothing from storage ends the request's lookup: its reader
+        stops and the pages it fetched are freed now, not when the request finishes."""
+        if self.storage is not None:
+            self.storage.forget(req.uid)
 
     def commit(self, hit: TierHit, slots: list[int]) -> None:
         """The request was admitted with `slots[:hit.num_tokens]` for the loaded tokens."""

@@ -18,6 +18,7 @@ so a request only ever loses its hit, never fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -32,6 +33,9 @@ log = logging.getLogger("sgl.hicache")
 
 GET_BATCH = 16  # pages per backend get: what has arrived is usable between batches
 MAX_QUEUED_WRITES = 256  # write batches; beyond this, writes are dropped (storage is best effort)
+MAX_QUEUED_WRITE_BYTES = 1 << 30  # and frames' bytes: a slow backend must not fill the RAM
+MAX_PREFETCHED_BYTES = 1 << 30  # pages fetched and not yet taken, over all waiting requests
+WAIT_COMPLETE_LIMIT_S = 30.0  # wait_complete still never waits longer (a hung disk or network)
 
 
 @dataclass
@@ -61,6 +65,8 @@ class StorageTier:
         self._written: set[int] = set()
         self._writes: queue.Queue[tuple[list[str], list[bytes], list[int]] | None] = queue.Queue(MAX_QUEUED_WRITES)
         self._reads: queue.Queue[Prefetch | None] = queue.Queue()
+        self._queued_bytes = 0  # frames in the write queue
+        self._held_bytes = 0  # pages in Prefetch.pages not yet taken or forgotten
         self._lock = threading.Lock()
         self.on_prefetch_done: Callable[[], None] | None = None  # thread-safe; set by the worker build
         self.stats: dict[str, float] = {
@@ -86,11 +92,20 @@ class StorageTier:
         hashes = [h for _, h in todo]
         # Framed here, while the host page still holds these bytes (the frame is the copy).
         frames = [self.store.frame(self.read_page(p)) for p, _ in todo]
+        size = sum(len(f) for f in frames)
+        with self._lock:
+            room = self._queued_bytes + size <= MAX_QUEUED_WRITE_BYTES
+            if room:
+                self._queued_bytes += size
         try:
+            if not room:
+                raise queue.Full
             self._writes.put_nowait((keys, frames, hashes))
         except queue.Full:
             with self._lock:
                 self.stats["storage_writes_dropped"] += len(keys)
+                if room:
+                    self._queued_bytes -= size
             return
         with self._lock:
             if len(self._written) > 1_000_000:
@@ -108,14 +123,17 @@ class StorageTier:
         p = self._prefetches.get(uid)
         if p is None or p.done or self.policy == "best_effort":
             return False
-        return self.policy == "wait_complete" or time.monotonic() - p.started_at < self.timeout
+        waited = time.monotonic() - p.started_at
+        if self.policy == "wait_complete":
+            return waited < WAIT_COMPLETE_LIMIT_S
+        return waited < self.timeout
 
     def take(self, uid: int, from_page: int) -> list[memoryview]:
         """Pages from index `from_page` on that have arrived for request `uid` (once)."""
         p = self._prefetches.pop(uid, None)
         if p is None:
             return []
-        p.cancelled = True
+        self._cancel(p)
         if from_page < p.start:
             return []  # a page before the prefetched run is missing: the chain is broken
         return list(p.pages[from_page - p.start :])
@@ -123,7 +141,14 @@ class StorageTier:
     def forget(self, uid: int) -> None:
         p = self._prefetches.pop(uid, None)
         if p is not None:
+            self._cancel(p)
+
+    def _cancel(self, p: Prefetch) -> None:
+        """The reader stops adding to `p`; its pages leave the budget (the caller may still
+        hold the ones it took, as the host tier's fills)."""
+        with self._lock:
             p.cancelled = True
+            self._held_bytes -= sum(len(g) for g in p.pages)
 
     def clear(self) -> None:
         self.store.clear()
@@ -133,6 +158,8 @@ class StorageTier:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = dict(self.stats)
+            out["storage_prefetch_bytes_held"] = self._held_bytes
+            out["storage_write_queue_bytes"] = self._queued_bytes
         out["storage_backend"] = self.store.name
         try:
             out.update({f"storage_{k}": v for k, v in self.store.stats().items()})
@@ -141,7 +168,8 @@ class StorageTier:
         return out
 
     def close(self) -> None:
-        self._writes.put(None)
+        with contextlib.suppress(queue.Full):  # a writer stuck on a hung backend: daemon, left behind
+            self._writes.put(None, timeout=5)
         self._reads.put(None)
         for t in self._threads:
             t.join(timeout=5)
@@ -157,6 +185,7 @@ class StorageTier:
                 log.warning("storage %s: write failed; going on without it", self.store.name, exc_info=True)
                 ok = [False] * len(keys)
             with self._lock:
+                self._queued_bytes -= sum(len(f) for f in frames)
                 self._written.difference_update(h for h, k in zip(hashes, ok) if not k)
                 self.stats["storage_pages_written"] += sum(ok)
                 # payload bytes, as storage_bytes_loaded counts them
@@ -190,16 +219,20 @@ class StorageTier:
             with self._lock:
                 self._written.discard(p.hashes[n])
         for lo in range(0, n, GET_BATCH):
-            if p.cancelled:
-                return
+            with self._lock:
+                if p.cancelled or self._held_bytes >= MAX_PREFETCHED_BYTES:
+                    return  # over budget: this request recomputes the rest
             got = self.store.get_prefix(p.keys[lo : min(n, lo + GET_BATCH)])
             good: list[memoryview] = []
             for g in got:
                 if len(g) != self.page_nbytes:  # a page of another layout is a miss
                     break
                 good.append(g)
-            p.pages.extend(good)
             with self._lock:
+                if p.cancelled:
+                    return
+                p.pages.extend(good)
+                self._held_bytes += sum(len(g) for g in good)
                 self.stats["storage_pages_prefetched"] += len(good)
                 self.stats["storage_bytes_loaded"] += sum(len(g) for g in good)
             if len(good) < min(n, lo + GET_BATCH) - lo:

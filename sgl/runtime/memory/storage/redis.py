@@ -155,7 +155,7 @@ class RedisBackend:
                 self._retry_s = min(self._retry_s * 2, _MAX_BACKOFF_S)
             self._down_until = time.monotonic() + self._retry_s
         try:
-            self._client.connection_pool.disconnect()  # drop sockets to the old server
+            self._client.connection_pool.disconnect(inuse_connections=False)  # idle sockets only: not the other thread's
         except Exception:  # noqa: BLE001 - tearing down broken sockets must not raise
             pass
 
