@@ -155,7 +155,8 @@ class RedisBackend:
                 self._retry_s = min(self._retry_s * 2, _MAX_BACKOFF_S)
             self._down_until = time.monotonic() + self._retry_s
         try:
-            self._client.connection_pool.disconnect(inuse_connections=False)  # idle sockets only: not the other thread's
+            # idle sockets only: not the one the other thread is using
+            self._client.connection_pool.disconnect(inuse_connections=False)
         except Exception:  # noqa: BLE001 - tearing down broken sockets must not raise
             pass
 
