@@ -81,6 +81,43 @@ def test_namespace_is_stable_and_separates_layouts():
         namespace_for("m", "bfloat16", 16, 2, 2)
 
 
+def test_weights_fingerprint_follows_content_not_path(tmp_path):
+    from sgl.runtime.models.loader import weights_fingerprint
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "config.json").write_text('{"x": 1}')
+        (d / "model.safetensors").write_bytes(bytes(range(256)) * 20000)  # > 2 MiB: head and tail
+    assert weights_fingerprint(str(a)) == weights_fingerprint(str(b))  # a copy elsewhere: shared
+    (b / "model.safetensors").write_bytes(bytes(range(256)) * 19999 + bytes(255) + b"\x01")
+    assert weights_fingerprint(str(a)) != weights_fingerprint(str(b))  # replaced in place: not
+    (b / "model.safetensors").write_bytes(bytes(range(256)) * 20000)
+    (b / "config.json").write_text('{"x": 2}')
+    assert weights_fingerprint(str(a)) != weights_fingerprint(str(b))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    assert weights_fingerprint(str(gguf)) != weights_fingerprint(str(a))
+    assert weights_fingerprint(None) == weights_fingerprint(None)  # the embedded model
+
+
+def test_kv_identity_separates_quantization_and_weights(tmp_path):
+    from types import SimpleNamespace
+
+    from sgl.runtime.config import EngineConfig
+    from sgl.runtime.worker.build import kv_identity
+
+    cfg = EngineConfig()
+
+    def rank(blocks):
+        return SimpleNamespace(model=SimpleNamespace(gguf_blocks=blocks), config="LlamaConfig(...)")
+
+    native, dequantized = kv_identity(cfg, rank(object())), kv_identity(cfg, rank(None))
+    assert native != dequantized and native == kv_identity(cfg, rank(object()))
+    assert namespace_for(native, "bfloat16", 16, 1, 0) != namespace_for(dequantized, "bfloat16", 16, 1, 0)
+    assert namespace_for(native, "bfloat16", 16, 1, 0).startswith("kv2.embedded-smollm2-135m-instruct.")
+
+
 @pytest.mark.parametrize(("name", "config", "needle"), [
     ("mooncake", {}, "--hicache-storage-backend"),
     ("file", {"pth": "/tmp"}, "'pth'"),

@@ -137,6 +137,31 @@ def load_hf_weights(model: torch.nn.Module, hf_dir: Path) -> None:
     model.load_weights(_lazy_tensors(files))
 
 
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def weights_fingerprint(model_path: str | None) -> str:
+    """A short digest of the weights at `model_path` (default: the embedded GGUF) that is the
+    same for copies of the same files on other machines and changes when a file is replaced:
+    per weight file (a .gguf, or a folder's config.json and *.safetensors / *.bin / *.gguf),
+    its name, size and first and last MiB. Reads ~2 MiB a file, however big the model."""
+    p = Path(model_path).expanduser() if model_path is not None else embedded_gguf_path()
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.name == "config.json"
+                                           or f.suffix in (".safetensors", ".bin", ".gguf"))
+    h = hashlib.blake2b(digest_size=12)
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}|{size}|".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(_FINGERPRINT_BYTES))
+            if size > 2 * _FINGERPRINT_BYTES:
+                fh.seek(size - _FINGERPRINT_BYTES)
+                h.update(fh.read(_FINGERPRINT_BYTES))
+            elif size > _FINGERPRINT_BYTES:
+                h.update(fh.read())
+    return h.hexdigest()
+
+
 def resolve_model_dir(model_path: str | None, cache_dir: str | None = None) -> tuple[Path, str]:
     """(the model as a Hugging Face folder, the path to show for it); a GGUF file (default:
     the embedded SmolLM2) is converted into the cache once."""

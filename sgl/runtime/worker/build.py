@@ -122,13 +122,26 @@ def hicache(cfg: EngineConfig, rm: RankModel) -> Any:
 
         extra = dict(cfg.hicache_storage_extra())
         timeout = float(extra.pop("prefetch_timeout", 1.0))
-        # The weights' name and their architecture: a different model never matches a key.
-        identity = f"{cfg.model_path or 'embedded-smollm2-135m-instruct'}|{rm.config!r}"
-        ns = namespace_for(identity, str(rm.pool.dtype), cfg.page_size, rm.tp.size, rm.tp.rank)
+        ns = namespace_for(kv_identity(cfg, rm), str(rm.pool.dtype), cfg.page_size, rm.tp.size, rm.tp.rank)
         backend = make_backend(cfg.hicache_storage_backend, extra, ns)
         storage = StorageTier(PageStore(backend), ns, rm.host_pool.page_nbytes, rm.host_pool.view,
                               cfg.hicache_storage_prefetch_policy, timeout)
     return HiCache(cfg.page_size, rm.host_pool.num_pages, cfg.hicache_write_policy, storage=storage)
+
+
+def kv_identity(cfg: EngineConfig, rm: RankModel) -> str:
+    """What stored KV values depend on besides dtype, page size and TP layout (already in the
+    namespace): the weights' content, not just their path (a file replaced in place, or two
+    folders under one relative path, must not match), the architecture, and --quantization
+    (GGUF blocks change the model's numerics, as a quantized variant would). Kernel choices
+    (the calibrated linear path) stay out, as a GPU's type does in other caches: workers on
+    different hosts, or whose calibrations differ by noise, still share. The display path
+    goes last, after a "/", so its file name is the namespace's slug (namespace_for)."""
+    from sgl.runtime.models.loader import weights_fingerprint
+
+    quant = "gguf" if getattr(rm.model, "gguf_blocks", None) is not None else "none"
+    shown = cfg.model_path or "embedded-smollm2-135m-instruct"
+    return f"{weights_fingerprint(cfg.model_path)}|quant={quant}|{rm.config!r}|/{shown}"
 
 
 def request_table(cfg: EngineConfig, rm: RankModel) -> Any:
