@@ -191,6 +191,18 @@ def test_file_partial_temp_file_is_never_read_and_is_cleaned_at_start(tmp_path):
     assert restarted.stats()["pages"] == 1
 
 
+def test_file_stray_files_are_not_pages_and_never_stop_a_start(tmp_path):
+    size = HEADER_SIZE + 100
+    store = file_store(tmp_path, max_bytes=2 * size)
+    keys = keys_of(list(range(4 * 3)))
+    assert store.set(keys, pages(3)) == [True] * 3
+    sub = Path(store.backend._path(keys[0])).parent  # noqa: SLF001 - a page folder
+    stray = sub / "notes by hand.page"  # not a page name: left alone, never indexed
+    stray.write_bytes(b"x" * 10 * size)
+    restarted = file_store(tmp_path, max_bytes=2 * size)  # over the limit at start: evicts pages only
+    assert stray.exists() and restarted.stats()["pages"] <= 2
+
+
 def test_file_lru_eviction_at_max_bytes(tmp_path):
     size = HEADER_SIZE + 100
     store = file_store(tmp_path, max_bytes=5 * size)

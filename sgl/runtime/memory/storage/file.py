@@ -95,7 +95,8 @@ class FileBackend:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if entry.name.endswith(_SUFFIX) and not entry.name.startswith("."):
+                if entry.name.endswith(_SUFFIX) and _NAME.match(entry.name[: -len(_SUFFIX)]) and \
+                        not entry.name.startswith("."):  # a stray file of another name is not ours
                     found.append((st.st_mtime_ns, f"{self.namespace}/{entry.name[: -len(_SUFFIX)]}", st.st_size))
                 elif entry.name.startswith(".") and now - st.st_mtime > _STALE_TMP_S:
                     _unlink(entry.path)
