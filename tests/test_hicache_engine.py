@@ -52,14 +52,19 @@ def test_file_storage_survives_restart(tmp_path) -> None:
     cfg = dict(max_total_tokens=1024, enable_hierarchical_cache=True, page_size=16,
                hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
                hicache_storage_backend_extra_config='{"path": "%s"}' % tmp_path)
+    other = doc(8, 650) + "\nQuestion: how many words are there?"
+    number = {**GREEDY, "regex": "[0-9]+"}
     with Engine(**cfg) as first:
         a = first.generate(prompt, GREEDY)
+        c = first.generate(other, number)
     n_prompt = a["meta_info"]["prompt_tokens"]
     assert n_prompt > 600
     with Engine(**cfg) as second:
         b = second.generate(prompt, GREEDY)
+        d = second.generate(other, number)  # a constrained request looks storage up too
         info = second.get_server_info()
         assert second.clear_hicache_storage_backend()
-    assert b["text"] == a["text"]
+    assert b["text"] == a["text"] and d["text"] == c["text"]
     assert b["meta_info"]["cached_tokens_details"]["storage"] >= 0.9 * n_prompt, b["meta_info"]
+    assert d["meta_info"]["cached_tokens_details"]["storage"] >= 0.9 * d["meta_info"]["prompt_tokens"], d["meta_info"]
     assert info["storage_pages_prefetched"] > 0

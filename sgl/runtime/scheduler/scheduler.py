@@ -313,6 +313,8 @@ class Scheduler:
                 self._seed_counter += 1
         if p.token_healing and p.max_new_tokens > 0 and not req.output_ids and not req.healed_tokens:
             self._heal(req)
+        if self.kv.hicache is not None:  # the storage lookup overlaps a grammar's compile
+            self.kv.hicache.on_arrival(req)
         if p.constraint is not None and req.grammar is None:
             if self.grammar_compiler is None:
                 self._finish(req, {"type": "abort", "message": "constrained decoding is not available"})
@@ -322,8 +324,6 @@ class Scheduler:
             req.created_at = time.monotonic()
             self.grammar_wait.append(req)
             return
-        if self.kv.hicache is not None:
-            self.kv.hicache.on_arrival(req)
         self._enqueue(req)
 
     def _heal(self, req: Req) -> None:
