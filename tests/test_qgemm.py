@@ -94,3 +94,12 @@ def test_types_without_a_tile_form_are_refused():
     assert k.qgemm_packed_bytes(int(T.Q4_1), 16, 48) == 0  # not whole blocks
     blocks = _random_blocks(T.Q6_K, 16, 256, np.random.default_rng(1))
     assert tile_weight(torch.from_numpy(blocks), int(T.Q6_K), (16, 256), None, 2) is None
+
+
+def test_a_product_of_the_wrong_width_is_refused():
+    rng = np.random.default_rng(7)
+    tw = _tiles(T.Q8_0, _random_blocks(T.Q8_0, 16, 64, rng), 64)
+    for bad in (torch.zeros(3, 32), torch.zeros(2, 3, 64), torch.zeros(64)):
+        with pytest.raises(ValueError, match="needs x of shape"):
+            tile_mm(bad, tw)
+    assert tile_mm(torch.zeros(3, 64), tw).shape == (3, 16)

@@ -211,6 +211,12 @@ def _apply_linear_value(model: Any, linear: str, session: _Session | None = None
         if switched < total:
             log.info("gguf linear path: %d of %d projections have tiled GGUF blocks; the others stay bf16",
                      switched, total)
+        from sgl.runtime.kernels.cpu import binding
+
+        k = binding.kernels()
+        if k is None or k.qgemm_simd() != 1:  # only a flag gets here: measurement skips it
+            log.warning("--cpu-linear gguf: this build has no AVX512-VNNI, so the int8 products run in plain C "
+                        "(correct but slow); --cpu-linear auto measures the faster path")
         return "gguf"
     if linear != "fp32":
         return linear

@@ -169,14 +169,18 @@ def tile_weight(block: torch.Tensor, wtype: int, shape: tuple[int, int], bias: t
     if not size or tuple(block.shape) != (out, k.quant_row_bytes(wtype, n_in)):
         return None
     tiles = torch.empty(size, dtype=torch.uint8)
-    if k.qgemm_pack(wtype, block.contiguous().data_ptr(), out, n_in, tiles.data_ptr()) != Status.OK:
+    src = block.contiguous()  # held through the call: a temporary copy would be freed under it
+    if k.qgemm_pack(wtype, src.data_ptr(), out, n_in, tiles.data_ptr()) != Status.OK:
         return None
     b = bias.detach().to(torch.bfloat16).contiguous() if bias is not None else None
     return TileWeight(k, tiles, wtype, out, n_in, b, threads)
 
 
 def tile_mm(x: torch.Tensor, tw: TileWeight) -> torch.Tensor:
-    """bf16(x @ W.T + b) over the tile form (qgemm.c)."""
+    """bf16(x @ W.T + b) over the tile form (qgemm.c); x is [rows, n_in]."""
+    if x.dim() != 2 or x.shape[1] != tw.n_in:
+        raise ValueError(f"tile product of a [{tw.out}, {tw.n_in}] weight needs x of shape [rows, {tw.n_in}]; "
+                         f"got {list(x.shape)}")
     x = x.to(torch.bfloat16).contiguous()
     y = torch.empty(x.shape[0], tw.out, dtype=torch.bfloat16)
     if x.shape[0]:
