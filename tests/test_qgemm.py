@@ -87,6 +87,28 @@ def test_plain_c_and_vnni_builds_give_the_same_bits(t):
     assert torch.equal(_run(plain, tw, x), _run(binding.kernels(), tw, x))
 
 
+@pytest.mark.parametrize("t", TILED, ids=lambda t: t.name)
+def test_non_finite_and_tiny_activations_agree_on_every_build(t):
+    """A row holding NaN or inf gives NaN (not a clamped finite value), a block too small to
+    scale (127 / amax overflows) counts as zeros, and both builds agree; other rows are as
+    without them."""
+    plain = _kernels("x86-64-v2")
+    n_in = 256 if t == T.Q4_K else 96
+    tw = _tiles(t, _random_blocks(t, 19, n_in, np.random.default_rng(21)), n_in)
+    x = _x(4, n_in, 23)
+    x[1, 5] = float("nan")
+    x[2, 40] = float("-inf")
+    x[3, :32] = 1e-38
+    zeroed = x[3:4].clone()
+    zeroed[0, :32] = 0
+    for k in (plain, binding.kernels()):
+        y = _run(k, tw, x)
+        assert torch.isnan(y[1:3]).all() and not torch.isnan(y[0]).any() and not torch.isnan(y[3]).any()
+        assert torch.equal(y[3:4], _run(k, tw, zeroed))
+        assert torch.equal(y[0:1], _run(k, tw, x[0:1]))
+    assert torch.equal(_run(plain, tw, x[[0, 3]]), _run(binding.kernels(), tw, x[[0, 3]]))
+
+
 def test_types_without_a_tile_form_are_refused():
     k = binding.kernels()
     assert k.qgemm_packed_bytes(int(T.Q6_K), 16, 256) == 0

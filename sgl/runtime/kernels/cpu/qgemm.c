@@ -102,8 +102,15 @@ static void quant_row_into_group(const bf16 *x, int in, uint8_t *g, int r) {
         __m512i raw = _mm512_loadu_si512((const void *)(x + 32 * i)); /* 32 bf16 */
         __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw)), 16));
         __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(raw, 1)), 16));
+        const __m512 fmax = _mm512_set1_ps(3.40282347e+38f);
+        if ((__mmask16)(_mm512_cmp_ps_mask(_mm512_abs_ps(lo), fmax, _CMP_LE_OQ) &
+                        _mm512_cmp_ps_mask(_mm512_abs_ps(hi), fmax, _CMP_LE_OQ)) != 0xffff) {
+            memset(q, 0, 32); /* NaN or inf: as q8_block */
+            *d = *s = NAN;
+            continue;
+        }
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-        float id = amax > 0.f ? 127.f / amax : 0.f;
+        float id = amax >= Q8_MIN_AMAX ? 127.f / amax : 0.f;
         __m512 vid = _mm512_set1_ps(id), lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
         /* nearbyintf under the default rounding mode: to nearest, ties to even */
         __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(lo, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

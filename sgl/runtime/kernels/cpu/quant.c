@@ -20,6 +20,7 @@
 #include "quant.h"
 #include "sgl_kernels.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -39,11 +40,19 @@
 
 void q8_block(const bf16 *x, int8_t *q, float *d, float *s) {
     float amax = 0.f;
+    int finite = 1;
     for (int k = 0; k < 32; k++) {
         float a = fabsf(bf2f(x[k]));
+        finite &= a <= FLT_MAX; /* false for NaN and inf */
         amax = a > amax ? a : amax;
     }
-    float id = amax > 0.f ? 127.f / amax : 0.f;
+    if (!finite) { /* NaN or inf in the block: the product is NaN, not a clamped finite value */
+        memset(q, 0, 32);
+        *d = *s = NAN;
+        return;
+    }
+    /* Q8_MIN_AMAX: below it 127 / amax overflows; such a block (~1e-37) counts as zeros */
+    float id = amax >= Q8_MIN_AMAX ? 127.f / amax : 0.f;
     int sum = 0;
     for (int k = 0; k < 32; k++) {
         int v = (int)nearbyintf(bf2f(x[k]) * id);

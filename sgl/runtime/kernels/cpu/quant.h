@@ -55,7 +55,10 @@ static inline int64_t q8_row_bytes(int in) { return (int64_t)in + 8 * (int64_t)(
 /* x[0, in) (bf16) quantized into a Q8 row at `out` (q8_row_bytes(in) bytes). The same
  * scalar code in every build, so every build sees the same int8 activations. */
 void q8_row(const bf16 *x, int in, uint8_t *out);
-/* One block of 32 inputs: int8 values q, scale d, scaled sum s (what q8_row stores). */
+/* One block of 32 inputs: int8 values q, scale d, scaled sum s (what q8_row stores). A
+ * block holding NaN or inf gets q = 0 and d = s = NaN (its products are NaN); one whose
+ * largest magnitude is below Q8_MIN_AMAX (where 127 / amax overflows) gets q = 0. */
+#define Q8_MIN_AMAX (127.f / 3.40282347e+38f)
 void q8_block(const bf16 *x, int8_t *q, float *d, float *s);
 
 /* y[b, o] for rows o in [lo, hi) of W (type `type`) against B Q8 rows (stride
