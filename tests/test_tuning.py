@@ -173,6 +173,40 @@ def test_corrupt_cache_file_is_ignored_and_rewritten(tmp_path, caplog, damage):
     assert not list((tmp_path / "tuning").glob("*.tmp"))
 
 
+def test_cache_that_is_not_text_or_has_bad_timings_is_ignored(tmp_path):
+    _choose(tmp_path)
+    [path] = _cache_files(tmp_path)
+    good = json.loads(path.read_text())
+    bad_item = {**good["items"], "linear": {"value": "bf16", "timings_ms": [1, 2]}}
+    for damage in (b"\xff\xfe\x00 torn by a power loss", json.dumps({**good, "items": bad_item}).encode()):
+        path.write_bytes(damage)
+        again, calls = _choose(tmp_path)
+        assert "linear_paths" in calls and again.sources["linear"] == "measured"
+
+
+def test_a_timing_that_fails_keeps_the_default_and_the_start_goes_on(tmp_path, caplog):
+    class Failing(CountingTimers):
+        def __getattr__(self, name):
+            if name == "linear_paths":
+                def fail(*args, **kwargs):
+                    raise MemoryError("no room for the fp32 copy")
+                return fail
+            return super().__getattr__(name)
+
+    cfg = EngineConfig.from_kwargs(cache_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="sgl.tuning"):
+        choice = choose_paths(cfg, _model(), "cpu", timers=Failing(), cpuinfo=CPUINFO, load=FakeLoad(0.0))
+    assert choice.linear == "bf16" and choice.sources["linear"] == "default"
+    assert any("timing linear failed" in r.message for r in caplog.records)
+    again, calls = _choose(tmp_path)  # not cached: measured at the next start
+    assert "linear_paths" in calls and again.sources["linear"] == "measured"
+
+
+def test_a_model_too_short_for_the_timings_is_not_measured(tmp_path):
+    choice, calls = _choose(tmp_path, model=_model(max_position_embeddings=128))
+    assert calls == [] and set(choice.sources.values()) == {"default"}
+
+
 def test_key_follows_cpu_flags_and_model_shapes(tmp_path):
     _choose(tmp_path)
     _, calls = _choose(tmp_path, cpuinfo=CPUINFO.replace("avx2 fma", "avx2 fma avx512f avx512_bf16"))

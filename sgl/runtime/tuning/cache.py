@@ -63,20 +63,23 @@ def cache_path(root: Path, parts: dict[str, Any]) -> Path:
 def read_items(path: Path, parts: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The cached items of `parts` at `path`, {} when there is none (or it is unusable)."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
     except OSError as e:
         log.warning("path calibration cache %s unreadable (%s): measuring again", path, e)
         return {}
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode())  # UnicodeDecodeError is a ValueError too
         if not isinstance(data, dict) or data.get("key") != parts or not isinstance(data.get("items"), dict):
             raise ValueError("not a calibration file of this host, build and model")
         items = data["items"]
         for name, item in items.items():
             if not isinstance(item, dict) or "value" not in item:
                 raise ValueError(f"item {name!r} has no value")
+            timings = item.get("timings_ms", {})
+            if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) for v in timings.values()):
+                raise ValueError(f"item {name!r} has timings that are not numbers")
         return items
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         log.warning("path calibration cache %s is corrupt (%s): ignoring it; it will be rewritten", path, e)

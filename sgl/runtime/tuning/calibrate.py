@@ -54,9 +54,11 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
     picks: dict[str, Any] = {"attention_backend": attn_flag, "linear": linear_flag,
                              "decode_threads": cfg.cpu_decode_threads, "decode_max_rows": rows_flag}
     sources = {k: "flag" for k, v in picks.items() if v is not None}
-    if model.dtype != torch.bfloat16 or device != "cpu" or tp_size > 1:
+    short = model.config.max_position_embeddings < measure.CONTEXT + measure.PREFILL_ROWS
+    if model.dtype != torch.bfloat16 or device != "cpu" or tp_size > 1 or short:
         # Nothing to measure: a float32 model has one linear path and no C step; tensor-
-        # parallel ranks must agree, and a GPU has its own kernels.
+        # parallel ranks must agree, and a GPU has its own kernels; the timings' positions
+        # would run past a tiny model's RoPE table.
         bf16 = model.dtype == torch.bfloat16
         fallback = {"attention_backend": resolve_backend_name(None, device),
                     "linear": "bf16" if bf16 else str(model.dtype).replace("torch.", ""),
@@ -150,10 +152,23 @@ class _Session:
             return
         value = self._lookup(name, item, sources)
         if value is None or str(value) not in candidates:
-            timings = {k: round(float(v), 3) for k, v in run().items()}
+            timings = self._run(item, run)
+            if timings is None:  # the timing failed: the first candidate, today's default
+                picks[item], sources[item] = cast(candidates[0]), "default"
+                return
             value = min(candidates, key=lambda k: timings.get(k, float("inf")))
             self._store(name, item, value, timings, sources)
         picks[item] = cast(value)
+
+    @staticmethod
+    def _run(item: str, run: Any) -> dict[str, float] | None:
+        """The timings, or None where measuring failed (out of memory, a kernel refusing a
+        shape): a start must not fail because a measurement did."""
+        try:
+            return {k: round(float(v), 3) for k, v in run().items()}
+        except Exception:  # noqa: BLE001 - any failure means: keep the default
+            log.warning("CPU paths: timing %s failed; using the default", item, exc_info=True)
+            return None
 
     def decide_rows(self, name: str, rows: list[int], run: Any, picks: dict[str, Any],
                     sources: dict[str, str]) -> None:
@@ -162,8 +177,11 @@ class _Session:
         to win) is not timed."""
         item = "decode_max_rows"
         value = self._lookup(name, item, sources)
-        if not isinstance(value, int) or value < 1:
-            timings = {k: round(float(v), 3) for k, v in run().items()}
+        if not isinstance(value, int) or value not in rows:  # a cached count this build no longer takes
+            timings = self._run(item, run)
+            if timings is None:
+                picks[item], sources[item] = rows[0], "default"
+                return
             value = rows[0]
             for n in rows[1:]:
                 c, t = timings.get(f"c@{n}"), timings.get(f"torch@{n}")
