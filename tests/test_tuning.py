@@ -207,6 +207,16 @@ def test_a_model_too_short_for_the_timings_is_not_measured(tmp_path):
     assert calls == [] and set(choice.sources.values()) == {"default"}
 
 
+def test_the_fp32_path_is_left_out_where_its_copy_would_not_fit(tmp_path, monkeypatch):
+    from sgl.runtime.tuning import calibrate
+
+    assert calibrate.fp32_fits(_model())  # a tiny model fits anywhere
+    monkeypatch.setattr(calibrate, "_params", lambda model: 1 << 50)  # a model far beyond this host
+    assert not calibrate.fp32_fits(_model())
+    choice, calls = _choose(tmp_path)  # bf16 is the one candidate left: nothing to time
+    assert (choice.linear, choice.sources["linear"]) == ("bf16", "only") and "linear_paths" not in calls
+
+
 def test_key_follows_cpu_flags_and_model_shapes(tmp_path):
     _choose(tmp_path)
     _, calls = _choose(tmp_path, cpuinfo=CPUINFO.replace("avx2 fma", "avx2 fma avx512f avx512_bf16"))

@@ -88,7 +88,7 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
         tiles = _layer0_tiles(model, kernels)
         # A model with tiled GGUF blocks has a third candidate: its own cache item.
         session.decide("linear" if tiles is None else "linear[bf16,fp32,gguf]", "linear",
-                       ["bf16", "fp32"] + ([] if tiles is None else ["gguf"]),
+                       ["bf16"] + (["fp32"] if fp32_fits(model) else []) + ([] if tiles is None else ["gguf"]),
                        lambda: timers.linear_paths(model.layers[0], tiles=tiles), picks, sources)
     picks["linear"] = _apply_linear_value(model, picks["linear"], session)
     if picks["decode_threads"] is None:
@@ -205,6 +205,22 @@ def _tile_threads() -> int:
     return 2 if torch.get_num_threads() >= 2 else 1
 
 
+def _params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def fp32_fits(model: Any) -> bool:
+    """Whether the fp32 linear path's float32 copy of the weights (4 bytes a parameter, the
+    bf16 ones staying for the C decode step) takes at most half the memory available now:
+    faster is no use if the start is killed for memory (a 7B model adds 28 GB)."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return True  # unknown: the measurement decides, as before
+    return 4 * _params(model) <= avail // 2
+
+
 def _layer0_tiles(model: Any, kernels: Any) -> list | None:
     """Layer 0's four projections in tile form (kernels/cpu/qgemm.c), to time the gguf
     linear path; None where the build has no AVX512-VNNI or a projection no tiled blocks."""
@@ -241,6 +257,9 @@ def _apply_linear_value(model: Any, linear: str, session: _Session | None = None
     if not hasattr(model, "use_fp32_linears") or model.embed_tokens.device.type != "cpu":
         log.warning("--cpu-linear fp32 applies to bf16 models on the CPU only: ignored")
         return "bf16"
+    if not fp32_fits(model):  # only a flag gets here: measurement leaves fp32 out
+        log.warning("--cpu-linear fp32: the float32 copy of the weights (%.1f GB) is more than half of the "
+                    "memory available now; the start may run out of memory", 4 * _params(model) / 1e9)
     hit = session.items.get(FP32_CHECKS) if session is not None else None
     verified = _checks_from_json(hit["value"]) if hit is not None else {}
     known = len(verified)
