@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(replica_set.run(args, sys.argv[1:] if argv is None else argv, parser))
     cfg = EngineConfig.from_kwargs(**kwargs)
     if cfg.disaggregation_mode != "null" and not cfg.disaggregation_worker_id:
-        kwargs["disaggregation_worker_id"] = f"{args.host}:{args.port}"  # how PD peers name this worker
+        from sgl.runtime.disaggregation import default_worker_id  # how PD peers name this worker
+
+        kwargs["disaggregation_worker_id"] = default_worker_id(cfg.disaggregation_mode, args.host, args.port)
         cfg = EngineConfig.from_kwargs(**kwargs)
     if cfg.node_rank != 0:  # this machine only hosts ranks; node 0 serves HTTP
         sys.exit(run_worker_node(cfg))

@@ -403,3 +403,18 @@ def test_prefill_gone_mid_transfer_fails_the_decode_at_once():
         assert pr.d.kv.allocator.num_free + pr.d.kv.tree.total_size() == pr.d.kv.allocator.capacity
     finally:
         pr.d.close()
+
+
+def test_default_worker_ids_name_the_machine_where_the_host_does_not():
+    import socket
+
+    from sgl.runtime.disaggregation import default_worker_id
+
+    me = socket.gethostname()
+    assert default_worker_id("prefill", "0.0.0.0", 30000) == "0.0.0.0:30000"  # binds there
+    assert default_worker_id("prefill", None, None).startswith("127.0.0.1:pid")
+    # decodes on two machines, both on 0.0.0.0:30000, must not look like one restarting
+    assert default_worker_id("decode", "0.0.0.0", 30000) == f"{me}:30000"
+    assert default_worker_id("decode", "127.0.0.1", 30001) == f"{me}:30001"
+    assert default_worker_id("decode", "10.1.2.3", 30000) == "10.1.2.3:30000"
+    assert default_worker_id("decode", None, None) == f"{me}:pid{__import__('os').getpid()}"

@@ -148,8 +148,9 @@ class EngineConfig(SharedOptions):
     disaggregation_timeout: float = _f(300.0, "seconds a decode worker waits for a request's KV, and a prefill worker "
                                               "holds a room nobody pulls, before failing the request")
     disaggregation_worker_id: str | None = _f(None, "this worker's name to its PD peers, HOST:PORT (default: the "
-                                                    "server's --host:--port); a prefill binds its bootstrap socket "
-                                                    "on HOST")
+                                                    "server's --host:--port, a decode's wildcard or loopback host "
+                                                    "replaced by the hostname); a prefill binds its bootstrap "
+                                                    "socket on HOST")
 
     speculative_algorithm: str | None = _f(None, "speculative decoding: ngram (prompt lookup) or draft (a smaller "
                                                  "model, --speculative-draft-model-path); SGLang's NGRAM and "

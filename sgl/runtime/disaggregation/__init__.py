@@ -18,8 +18,24 @@ a colocated worker) and calls it at a few points of its loop:
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def default_worker_id(mode: str, host: str | None, port: int | None) -> str:
+    """This worker's name to its PD peers when --disaggregation-worker-id is not given. A
+    prefill binds its bootstrap socket on the HOST part, so it is the server's --host. A
+    decode's id is only a name, and prefills take a known name with a newer incarnation for
+    a restart of that worker: decodes on several machines all listening on 0.0.0.0:30000
+    (or engines in containers with one PID) must not share one, so the machine's hostname
+    stands in for a wildcard or loopback host (a restarted pod keeps its hostname)."""
+    if mode == "prefill":
+        return f"{host or '127.0.0.1'}:{port if port is not None else 'pid' + str(os.getpid())}"
+    name = host if host not in _WILDCARDS and host not in ("127.0.0.1", "localhost", None) else socket.gethostname()
+    return f"{name}:{port if port is not None else 'pid' + str(os.getpid())}"
 
 
 def build_role(cfg: Any, pool: Any, wake: Any) -> Any:
@@ -28,7 +44,7 @@ def build_role(cfg: Any, pool: Any, wake: Any) -> Any:
     mode = cfg.disaggregation_mode
     if mode == "null":
         return None
-    worker_id = cfg.disaggregation_worker_id or f"127.0.0.1:pid{os.getpid()}"
+    worker_id = cfg.disaggregation_worker_id or default_worker_id(mode, None, None)
     host = worker_id.rpartition(":")[0] or "127.0.0.1"
     if mode == "prefill":
         from sgl.runtime.disaggregation.prefill import PrefillRole
