@@ -418,3 +418,32 @@ def test_default_worker_ids_name_the_machine_where_the_host_does_not():
     assert default_worker_id("decode", "127.0.0.1", 30001) == f"{me}:30001"
     assert default_worker_id("decode", "10.1.2.3", 30000) == "10.1.2.3:30000"
     assert default_worker_id("decode", None, None) == f"{me}:pid{__import__('os').getpid()}"
+
+
+def test_a_kv_copy_that_fails_on_either_side_fails_that_request_and_frees_everything(pair, monkeypatch):
+    from sgl.runtime.disaggregation import decode as decode_mod
+    from sgl.runtime.disaggregation import prefill as prefill_mod
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no room for the staging buffer")
+
+    out: dict[str, dict[str, ReqOutput]] = {}
+    with monkeypatch.context() as m:  # the prefill cannot read the room's KV
+        m.setattr(prefill_mod, "gather", broken)
+        pair.submit("g", list(range(3, 40)), 4, 61, out)
+        pair.run(lambda: finished(out, "d", ["g"])() and finished(out, "p", ["g"])())
+    fr_p, fr_d = out["p"]["g"].meta_info["finish_reason"], out["d"]["g"].meta_info["finish_reason"]
+    assert fr_p["status_code"] == 500 and "reading room 61's KV" in fr_p["message"]
+    assert fr_d["status_code"] == 502 and "failed room 61" in fr_d["message"]
+    with monkeypatch.context() as m:  # the decode cannot write it
+        m.setattr(decode_mod, "scatter", broken)
+        pair.submit("s", list(range(4, 41)), 4, 62, out)
+        pair.run(lambda: finished(out, "d", ["s"])() and finished(out, "p", ["s"])())
+    fr_d = out["d"]["s"].meta_info["finish_reason"]
+    assert fr_d["status_code"] == 500 and "writing room 62's KV" in fr_d["message"]
+    pair.submit("ok", list(range(5, 42)), 4, 63, out)  # both workers serve on
+    pair.run(finished(out, "d", ["ok"]))
+    assert out["d"]["ok"].output_ids == expected_output(list(range(5, 42)), 4)
+    assert pair.p.snapshot()["pd_transfer_failures_total"].get("gather_failed") == 1
+    assert pair.d.snapshot()["pd_transfer_failures_total"].get("copy_failed") == 1
+    pair.assert_all_free()

@@ -180,10 +180,16 @@ class DecodeRole:
                        f"(tokens [{msg.prefix_len}, {msg.n_tokens}) of {msg.layout}; expected [{w.prefix_len}, "
                        f"{w.n}) of {self.layout})", 502)
             return
-        del self.waits[msg.room]
         req, s = w.req, self.sched
         if ev.payload is not None:
-            scatter(self.pool, req.slots[w.prefix_len : w.n], ev.payload, self.layout)
+            try:
+                scatter(self.pool, req.slots[w.prefix_len : w.n], ev.payload, self.layout)
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory staging a long prompt
+                log.warning("room %d: writing the received KV failed", msg.room, exc_info=True)
+                self._fail(w, "copy_failed", f"writing room {msg.room}'s KV into the pool failed: {e}", 500,
+                           cancel=False)
+                return
+        del self.waits[msg.room]
         copy_ms = max(0.0, time.time() - msg.gather_started) * 1000 if msg.gather_started else None
         s.kv.cache_unfinished(req)
         req.input_logprobs_done = True  # prompt logprobs are the prefill's (the router merges them)

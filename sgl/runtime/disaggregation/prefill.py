@@ -231,7 +231,12 @@ class PrefillRole:
             self._drop(r, "mismatch", text, 502)
             return
         started = time.time()
-        buf = gather(self.pool, r.slots[pull.prefix_len : r.n])
+        try:
+            buf = gather(self.pool, r.slots[pull.prefix_len : r.n])
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory for a long prompt's buffer
+            log.warning("room %d: reading its KV failed", r.room, exc_info=True)
+            self._drop(r, "gather_failed", f"reading room {r.room}'s KV for the decode worker failed: {e}", 500)
+            return
         self._unlock(r)
         tok, lp, top = r.first  # type: ignore[misc]
         msg = KVReady(r.room, pull.prefix_len, r.n, self.layout, tok, lp, top, r.req.num_cached_tokens,

@@ -257,6 +257,8 @@ class TcpKVReceiver(_IOThread):
                 log.warning("dropping an undecodable PD message", exc_info=True)
                 continue
             payload = frames[1].buffer if len(frames) > 1 else None
+            if isinstance(msg, KVReady) and payload is None:  # over TCP the KV always follows
+                msg = Failed(msg.room, "KVReady arrived without its payload frame")
             self.events.put(Received(msg, payload))
             got = True
         if got:
