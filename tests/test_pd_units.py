@@ -447,3 +447,19 @@ def test_a_kv_copy_that_fails_on_either_side_fails_that_request_and_frees_everyt
     assert pair.p.snapshot()["pd_transfer_failures_total"].get("gather_failed") == 1
     assert pair.d.snapshot()["pd_transfer_failures_total"].get("copy_failed") == 1
     pair.assert_all_free()
+
+
+def test_a_pull_for_a_room_the_prefill_already_dropped_fails_at_once():
+    pr = Pair(timeout=1.0)
+    try:
+        out: dict[str, dict[str, ReqOutput]] = {}
+        pr.submit("late", list(range(3, 25)), 4, 3, out, to="p")  # nobody pulls it in time
+        pr.run(finished(out, "p", ["late"]), limit_s=10)
+        assert out["p"]["late"].meta_info["finish_reason"]["status_code"] == 504
+        pr.submit("late", list(range(3, 25)), 4, 3, out, to="d")  # the decode asks after all
+        pr.run(finished(out, "d", ["late"]), limit_s=10)
+        fr = out["d"]["late"].meta_info["finish_reason"]
+        assert fr["status_code"] == 502 and "failed room 3" in fr["message"]  # not a 504 after the timeout
+        pr.assert_all_free()
+    finally:
+        pr.close()

@@ -301,6 +301,8 @@ class PrefillRole:
             return
         if r.state == "ready" and r.pull is not None and kind not in ("decode_restarted", "cancelled"):
             self.sender.send(r.pull[0], r.room, Failed(r.room, message))
+        elif r.pull is None:  # a Pull that comes later is answered at once, not after the timeout
+            self._remember_failure(r.room, message)
         r.req.finish_reason = reason
         self.sched.stats["num_aborted_total"] += 1
         self._respond(r.req)

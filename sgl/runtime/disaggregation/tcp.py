@@ -36,6 +36,17 @@ from sgl.runtime.disaggregation.protocol import (Cancel, Failed, KVReady, PeerLo
 log = logging.getLogger("sgl.pd")
 
 POLL_MS = 200
+CONTROL_MAX_BYTES = 1 << 20  # what a prefill accepts in one message: Pull / Cancel are tiny
+
+
+def _watch_peer(sock: zmq.Socket) -> None:
+    """Notice a peer that vanished without a word (a killed host, a NAT that dropped an idle
+    connection): ZMTP heartbeats close the connection after ~15 s of silence (the decode's
+    monitor then reports PeerLost), TCP keepalive backs them up."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 5_000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15_000)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
 
 
 class _IOThread:
@@ -57,7 +68,10 @@ class _IOThread:
     def command(self, *cmd: Any) -> None:
         self.commands.put(cmd)
         with self._wake_lock:
-            self._wake_out.send(b"", zmq.NOBLOCK)
+            try:
+                self._wake_out.send(b"", zmq.NOBLOCK)
+            except zmq.Again:  # the wake pipe is full: the thread wakes anyway and drains the queue
+                pass
 
     def drain_events(self) -> list[Any]:
         out = []
@@ -100,8 +114,13 @@ class TcpKVSender(_IOThread):
         self.wake = wake
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A decode that reconnects under its identity (its connection died, it did not)
+        # takes the identity over at once instead of waiting for the old pipe to close.
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDTIMEO, 10_000)
+        _watch_peer(self.sock)
         try:
             self.sock.bind(f"tcp://{host}:{port}")
         except zmq.ZMQError as e:
@@ -159,15 +178,15 @@ class TcpKVSender(_IOThread):
             if cmd[0] != "send":
                 continue
             _, peer, room, msg, payload = cmd
-            frames: list[Any] = [peer, encode(msg)]
-            if payload is not None:
-                frames.append(as_bytes(payload))
             try:
+                frames: list[Any] = [peer, encode(msg)]
+                if payload is not None:
+                    frames.append(as_bytes(payload))
                 tracker = self.sock.send_multipart(frames, copy=False, track=True)
                 if payload is not None:
                     self._in_flight.append((tracker, payload))
                 self.events.put(SendDone(room, True))
-            except zmq.ZMQError as e:
+            except Exception as e:  # noqa: BLE001 - one bad send fails its room, not the thread
                 self.events.put(SendDone(room, False, f"{type(e).__name__}: {e}"))
             self.wake()
 
@@ -199,11 +218,19 @@ class TcpKVReceiver(_IOThread):
             sock.setsockopt(zmq.IDENTITY, self.identity)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5_000)  # a prefill that is gone for good: back off
+            _watch_peer(sock)
             host, port = addr
             mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            try:
+                sock.connect(f"tcp://{host}:{port}")
+            except zmq.ZMQError:  # a malformed address: no socket left behind
+                sock.disable_monitor()
+                mon.close(linger=0)
+                sock.close(linger=0)
+                raise
             poller.register(mon, zmq.POLLIN)
             self.monitors[mon] = addr
-            sock.connect(f"tcp://{host}:{port}")
             poller.register(sock, zmq.POLLIN)
             self.dealers[addr] = sock
         return sock
@@ -229,8 +256,8 @@ class TcpKVReceiver(_IOThread):
                 if cmd[0] == "send":
                     try:
                         self._dealer(cmd[1], poller).send(encode(cmd[2]), zmq.NOBLOCK)
-                    except zmq.ZMQError as e:  # queue full: the deadline will fail the room
-                        log.warning("could not send %s to %s:%d: %s", type(cmd[2]).__name__, *cmd[1], e)
+                    except Exception as e:  # noqa: BLE001 - queue full, bad address: the deadline fails the room
+                        log.warning("could not send %s to %s:%s: %s", type(cmd[2]).__name__, *cmd[1], e)
 
     def _monitor(self, mon: zmq.Socket, addr: tuple[str, int]) -> None:
         lost = False
