@@ -134,6 +134,24 @@ def test_host_load_sample_reads_this_host(tmp_path):
         assert host_load.sample(tmp_path / "stat") is None
 
 
+def test_host_load_counts_only_the_cpus_this_process_may_use(tmp_path):
+    hz = os.sysconf("SC_CLK_TCK")
+    # 4 CPUs: this process is pinned to 0 and 1; a neighbour keeps CPU 3 busy
+    (tmp_path / "stat").write_text(
+        f"cpu {5 * hz} 0 0 0 0 0 0 0 0 0\n"
+        f"cpu0 {hz} 0 0 0 0 0 0 0 0 0\ncpu1 {hz} 0 0 0 0 0 0 0 0 0\n"
+        f"cpu2 0 0 0 0 0 0 0 0 0 0\ncpu3 {3 * hz} 0 0 0 0 0 0 0 0 0\nintr 1\n")
+    got = host_load.sample(tmp_path / "stat", cpus={0, 1})
+    assert (got.host_busy_s, got.cpus) == (2.0, 2)
+    assert host_load.sample(tmp_path / "stat", cpus={3}).host_busy_s == 3.0
+    everything = host_load.sample(tmp_path / "stat", cpus=set())  # no per-CPU match: the whole host
+    assert (everything.host_busy_s, everything.cpus) == (5.0, 0)
+    # the share is of the counted CPUs' capacity
+    before = host_load.CpuTimes(0.0, 0.0, 0.0, cpus=2)
+    after = host_load.CpuTimes(1.0, 0.0, 1.0, cpus=2)
+    assert host_load.others_share(before, after) == pytest.approx(0.5)
+
+
 def test_flags_override_and_skip_measuring(tmp_path):
     choice, calls = _choose(tmp_path, attention_backend="torch", cpu_linear="bf16", cpu_decode_threads=1,
                             cpu_decode_max_rows=str(C_ROWS))
