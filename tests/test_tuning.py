@@ -379,3 +379,14 @@ def test_gguf_linear_flag_switches_the_projections_or_falls_back(tmp_path):
     assert all(isinstance(p, TileWeight) for layer in model.layers for p in layer.packed.values())
     plain, _ = _choose(tmp_path, _model(), cpu_linear="gguf")  # no blocks: warned, bf16 GEMMs
     assert plain.linear == "bf16"
+
+
+def test_key_follows_the_tuning_logic_and_the_gemm_settings(monkeypatch):
+    parts = lambda: tcache.key_parts(("cpu", "flags"), "build", "2.13", "shapes", 2)  # noqa: E731
+    base = parts()
+    assert base == parts() and len(base["logic"]) == 16
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert parts()["kernel_env"] == {"ATEN_CPU_CAPABILITY": "avx2"} and parts() != base
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setattr(tcache, "_LOGIC_FILES", tcache._LOGIC_FILES[:1])  # as if the logic changed
+    assert parts()["logic"] != base["logic"]

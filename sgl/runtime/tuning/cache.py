@@ -3,7 +3,9 @@ shapes, threads) under `<cache dir>/tuning/`.
 
 The key's parts are the facts a measurement depends on: the CPU's model name and flags
 line (/proc/cpuinfo), the C kernel build (kernels/cpu `build_key`: sources, compiler,
-CPU flags), torch's version, the model's shape signature and the thread count. A file
+CPU flags), torch's version, the model's shape signature, the thread count, the Python
+that times and applies the paths (`logic_key`) and the settings that pick torch's GEMM
+kernels (ATEN_CPU_CAPABILITY, oneDNN's and MKL's ISA limits). A file
 holds {"key": parts, "items": {name: {"value": ..., "timings_ms": {...}}}}; items measured
 at a later start are merged in. A file that does not parse, or whose key differs (a hash
 collision, a hand edit), is ignored with a warning and rewritten; writes go to a
@@ -50,9 +52,30 @@ def shape_signature(config: Any, dtype: str) -> str:
             f"-t{int(bool(c.tie_word_embeddings))}-{dtype}")
 
 
+_RUNTIME = Path(__file__).resolve().parent.parent
+# The Python that decides what is timed and what a cached answer means (the fp32 path's
+# padding rows, the C step's row limits): an edit there must not trust old answers.
+_LOGIC_FILES = ("tuning/measure.py", "tuning/calibrate.py", "kernels/cpu/linear.py", "kernels/cpu/decode.py")
+# Settings that change which GEMM kernels torch / oneDNN / MKL run, and so the timings
+# and the fp32 path's bit-stability checks.
+_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+               "MKL_CBWR")
+
+
+def logic_key() -> str:
+    h = hashlib.sha256()
+    for rel in _LOGIC_FILES:
+        try:
+            h.update((_RUNTIME / rel).read_bytes())
+        except OSError:
+            h.update(rel.encode())
+    return h.hexdigest()[:16]
+
+
 def key_parts(cpu: tuple[str, str], build: str | None, torch_version: str, shapes: str, threads: int) -> dict[str, Any]:
     return {"format": FORMAT, "cpu_model": cpu[0], "cpu_flags": cpu[1], "kernel_build": build or "none",
-            "torch": torch_version, "model_shapes": shapes, "threads": threads}
+            "torch": torch_version, "model_shapes": shapes, "threads": threads, "logic": logic_key(),
+            "kernel_env": {k: os.environ[k] for k in _KERNEL_ENV if k in os.environ}}
 
 
 def cache_path(root: Path, parts: dict[str, Any]) -> Path:
