@@ -390,3 +390,24 @@ def test_key_follows_the_tuning_logic_and_the_gemm_settings(monkeypatch):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     monkeypatch.setattr(tcache, "_LOGIC_FILES", tcache._LOGIC_FILES[:1])  # as if the logic changed
     assert parts()["logic"] != base["logic"]
+
+
+def test_one_start_at_a_time_holds_the_calibration_lock(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "tuning" / "paths-x.json"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from sgl.runtime.tuning import cache\n"
+        "with cache.exclusive(Path(sys.argv[1])) as got:\n"
+        "    print(got, flush=True); time.sleep(1.5)\n"), str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"  # another process is calibrating
+        t0 = time.monotonic()
+        with tcache.exclusive(path, wait_s=0.2) as got:  # a stuck one: go on unlocked
+            assert not got and 0.2 <= time.monotonic() - t0 < 1.4
+        with tcache.exclusive(path, wait_s=10) as got:  # a live one: wait for it
+            assert got and time.monotonic() - t0 >= 1.0
+    finally:
+        holder.kill()
+        holder.wait()

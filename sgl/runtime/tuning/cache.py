@@ -14,11 +14,14 @@ temporary file renamed into place, so concurrent starts never read half a file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +110,43 @@ def read_items(path: Path, parts: dict[str, Any]) -> dict[str, dict[str, Any]]:
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         log.warning("path calibration cache %s is corrupt (%s): ignoring it; it will be rewritten", path, e)
         return {}
+
+
+LOCK_WAIT_S = 120.0  # a start waits at most this long for another's calibration
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, wait_s: float | None = None) -> Iterator[bool]:
+    """Hold `path`.lock exclusively (flock) while the body reads, measures and writes; yields
+    whether it got the lock. After `wait_s` (a stuck start elsewhere) or where locking is
+    impossible (read-only cache folder, no fcntl) the body runs unlocked, as before."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield False
+        return
+    deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+    got = False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    log.warning("path calibration cache %s: another start holds it for %.0f s; measuring "
+                                "without waiting", path, LOCK_WAIT_S if wait_s is None else wait_s)
+                    break
+                time.sleep(0.05)
+            except OSError:
+                break
+        yield got
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_items(path: Path, parts: dict[str, Any], items: dict[str, dict[str, Any]]) -> None:

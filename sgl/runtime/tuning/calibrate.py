@@ -76,47 +76,50 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
     parts = tcache.key_parts(tcache.cpu_identity(cpuinfo), build_key(), torch.__version__,
                              tcache.shape_signature(model.config, "bfloat16"), torch.get_num_threads())
     path = tcache.cache_path(Path(cache_dir(cfg.cache_dir)), parts)
-    cached = tcache.read_items(path, parts)
-    session = _Session(cached)
-    before = load()
+    # One start at a time measures on a host (replicas starting together would time each
+    # other, find the host busy and cache nothing); the next reads what it cached.
+    with tcache.exclusive(path):
+        cached = tcache.read_items(path, parts)
+        session = _Session(cached)
+        before = load()
 
-    if picks["attention_backend"] is None:
-        names = ["torch"] + (["cpu"] if _c_attention_applies(model) else [])
-        session.decide("attention_backend", "attention_backend", names,
-                       lambda: timers.attention_backends(model, names), picks, sources)
-    if picks["linear"] is None:
-        tiles = _layer0_tiles(model, kernels)
-        # A model with tiled GGUF blocks has a third candidate: its own cache item.
-        session.decide("linear" if tiles is None else "linear[bf16,fp32,gguf]", "linear",
-                       ["bf16"] + (["fp32"] if fp32_fits(model) else []) + ([] if tiles is None else ["gguf"]),
-                       lambda: timers.linear_paths(model.layers[0], tiles=tiles), picks, sources)
-    picks["linear"] = _apply_linear_value(model, picks["linear"], session)
-    if picks["decode_threads"] is None:
-        if not c_step:
-            picks["decode_threads"], sources["decode_threads"] = default_threads(), "default"
-        elif torch.get_num_threads() < 2:
-            picks["decode_threads"], sources["decode_threads"] = 1, "only"
-        else:
-            session.decide("decode_threads", "decode_threads", ["1", "2"],
-                           lambda: timers.decode_threads(model, kernels), picks, sources, int)
-    if picks["decode_max_rows"] is None:
-        rows = [n for n in ROW_CANDIDATES if n <= limit]
-        if not c_step or len(rows) < 2:
-            picks["decode_max_rows"], sources["decode_max_rows"] = MAX_ROWS, "default" if not c_step else "only"
-        else:
-            # The answer depends on the torch path it is compared with: part of its cache name.
-            name = (f"decode_max_rows[attention={picks['attention_backend']},linear={picks['linear']},"
-                    f"threads={picks['decode_threads']}]")
-            session.decide_rows(name, rows, lambda: timers.decode_rows(
-                model, kernels, picks["decode_threads"], picks["attention_backend"], rows[1:]), picks, sources)
-    if session.measured:
-        share = host_load.others_share(before, load())
-        if share > host_load.BUSY_SHARE:
-            log.warning("CPU paths: other processes used %.0f%% of the CPUs while they were timed; using the "
-                        "picks for this start only (not cached: the next start measures again)", 100 * share)
-            sources.update({k: "busy" for k, v in sources.items() if v == "measured"})
-        else:
-            tcache.write_items(path, parts, session.items)
+        if picks["attention_backend"] is None:
+            names = ["torch"] + (["cpu"] if _c_attention_applies(model) else [])
+            session.decide("attention_backend", "attention_backend", names,
+                           lambda: timers.attention_backends(model, names), picks, sources)
+        if picks["linear"] is None:
+            tiles = _layer0_tiles(model, kernels)
+            # A model with tiled GGUF blocks has a third candidate: its own cache item.
+            session.decide("linear" if tiles is None else "linear[bf16,fp32,gguf]", "linear",
+                           ["bf16"] + (["fp32"] if fp32_fits(model) else []) + ([] if tiles is None else ["gguf"]),
+                           lambda: timers.linear_paths(model.layers[0], tiles=tiles), picks, sources)
+        picks["linear"] = _apply_linear_value(model, picks["linear"], session)
+        if picks["decode_threads"] is None:
+            if not c_step:
+                picks["decode_threads"], sources["decode_threads"] = default_threads(), "default"
+            elif torch.get_num_threads() < 2:
+                picks["decode_threads"], sources["decode_threads"] = 1, "only"
+            else:
+                session.decide("decode_threads", "decode_threads", ["1", "2"],
+                               lambda: timers.decode_threads(model, kernels), picks, sources, int)
+        if picks["decode_max_rows"] is None:
+            rows = [n for n in ROW_CANDIDATES if n <= limit]
+            if not c_step or len(rows) < 2:
+                picks["decode_max_rows"], sources["decode_max_rows"] = MAX_ROWS, "default" if not c_step else "only"
+            else:
+                # The answer depends on the torch path it is compared with: part of its cache name.
+                name = (f"decode_max_rows[attention={picks['attention_backend']},linear={picks['linear']},"
+                        f"threads={picks['decode_threads']}]")
+                session.decide_rows(name, rows, lambda: timers.decode_rows(
+                    model, kernels, picks["decode_threads"], picks["attention_backend"], rows[1:]), picks, sources)
+        if session.measured:
+            share = host_load.others_share(before, load())
+            if share > host_load.BUSY_SHARE:
+                log.warning("CPU paths: other processes used %.0f%% of the CPUs while they were timed; using the "
+                            "picks for this start only (not cached: the next start measures again)", 100 * share)
+                sources.update({k: "busy" for k, v in sources.items() if v == "measured"})
+            else:
+                tcache.write_items(path, parts, session.items)
     choice = PathChoice(**picks, sources=sources, timings_ms=session.timings)
     log.info("CPU paths: %s; timings (ms): %s", choice.describe(), session.timings or "none (cache or flags)")
     return choice
