@@ -121,13 +121,14 @@ def test_eviction_bounds_tree_size() -> None:
         p.add_worker(w)
     for i in range(200):
         p.select(req(f"{i:04d}" + "x" * 40), ws)
-    assert p.trees.size(ws[0].url) > 500
+    assert 500 < p.trees.size(ws[0].url) <= 1000  # trimmed at insert past twice the cap
+    before = p.stats()["evicted"]
     freed = p.evict_now()
     assert freed > 0
     for w in ws:
         assert p.trees.size(w.url) <= 500
         p.trees.tree(w.url).check_invariants()
-    assert p.stats()["evicted"] == freed
+    assert p.stats()["evicted"] == before + freed
 
 
 def test_eviction_runs_on_its_interval() -> None:
@@ -157,6 +158,20 @@ def test_eviction_is_lru() -> None:
     t.evict_to(10)
     assert t.tree("w").prefix_len([1] * 10) == 10
     assert t.tree("w").prefix_len([2] * 10) == 0
+
+
+def test_a_tree_past_twice_its_cap_is_trimmed_at_insert() -> None:
+    t = PrefixTrees(max_size=100)
+    for k in range(25):  # 25 distinct 10-token prompts: 250 keys, no eviction tick in between
+        t.insert("w", [k + 1] * 10)
+        assert t.size("w") <= 200
+    assert t.evicted > 0
+    assert t.match("w", [25] * 10) == 10  # the most recent stays
+    assert t.match("w", [1] * 10) == 0  # the oldest went
+    unbounded = PrefixTrees()
+    for k in range(20):
+        unbounded.insert("w", [k + 1] * 10)
+    assert unbounded.size("w") == 200
 
 
 def test_prefix_len_does_not_modify() -> None:

@@ -253,8 +253,7 @@ class Proxy:
     def _failed(self, fwd: Forward, w: Worker, e: BaseException, where: str) -> str:
         msg = describe_error(e) + where
         self._done(fwd, w, False, msg)
-        if not isinstance(e, asyncio.TimeoutError):  # refused, reset, closed: is the worker gone?
-            self.on_connect_error(w.url)
+        self.on_connect_error(w.url)  # refused, reset, closed or silent: is the worker gone? (a probe is cheap)
         logger.info("request to %s failed before its answer reached the client: %s", w.url, msg)
         return msg
 

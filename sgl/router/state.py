@@ -41,6 +41,7 @@ from sgl.router.registry import Fleet, Registry, Worker
 from sgl.router.retry import RetryOptions
 
 logger = logging.getLogger("sgl.router")
+CONNECT_TIMEOUT_S = 10.0
 
 __version__ = "0.1.0"
 
@@ -105,10 +106,12 @@ class Router:
                                     failure_threshold=cfg.health_failure_threshold,
                                     success_threshold=cfg.health_success_threshold, headers=self.worker_headers)
         # The request path's pool: keep-alive, no connection cap (admission limits concurrency),
-        # connect and each read bounded by the request timeout; bytes pass undecoded.
+        # each read bounded by the request timeout, a connect by at most 10 s (a host that went
+        # silent must cost a retry, not the request timeout); bytes pass undecoded.
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_secs,
+            timeout=aiohttp.ClientTimeout(total=None,
+                                          sock_connect=min(cfg.request_timeout_secs, CONNECT_TIMEOUT_S),
                                           sock_read=cfg.request_timeout_secs),
             auto_decompress=False)
         retry = RetryOptions(cfg.max_attempts, cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms,

@@ -40,7 +40,7 @@ class CacheAwarePolicy(PolicyBase):
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
-        self.trees = PrefixTrees()
+        self.trees = PrefixTrees(self.options.max_tree_size)
         self.cache_hits = 0  # routed by the prefix match (step 2)
         self.cache_misses = 0  # routed to the smallest tree (step 3)
         self.balanced = 0  # routed by the imbalance rule (step 1)

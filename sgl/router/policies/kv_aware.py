@@ -86,7 +86,7 @@ class KvAwarePolicy(PolicyBase):
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
         self.index = KvIndex()
-        self.trees = PrefixTrees()
+        self.trees = PrefixTrees(self.options.max_tree_size)
         self.monitor = LoadMonitor(self.options.load_poll_interval_secs, self.options.http_timeout_secs,
                                    dict(self.options.worker_headers))
         self._workers: dict[str, _Worker] = {}

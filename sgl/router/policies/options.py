@@ -36,7 +36,8 @@ class PolicyOptions:
         60.0, "seconds between LRU evictions of the approximate prefix trees"
     )
     max_tree_size: int = _f(  # type: ignore[assignment]
-        2**26, "approximate tree: most tokens (or characters) kept per worker after an eviction"
+        2**22, "approximate tree: most tokens (or characters) kept per worker after an eviction (~80 "
+        "bytes each: ~330 MB per worker at the default; a tree past twice this is trimmed at once)"
     )
     load_poll_interval_secs: float = _f(  # type: ignore[assignment]
         0.1, "power_of_two / kv_aware: seconds between GET /get_load polls of each worker"

@@ -28,7 +28,10 @@ def routing_key(req: RouteRequest) -> list[int]:
 
 
 class PrefixTrees:
-    def __init__(self) -> None:
+    def __init__(self, max_size: int | None = None) -> None:
+        # A tree past twice `max_size` keys is trimmed to it at once: the periodic eviction
+        # alone let a busy router's trees grow with the request rate between its ticks.
+        self.max_size = max_size
         self._trees: dict[str, RadixTree] = {}
         self._next_slot = 0
         self.evicted = 0  # keys evicted, ever
@@ -65,7 +68,10 @@ class PrefixTrees:
             return
         start = self._next_slot
         self._next_slot += len(key)  # the tree keeps only the new tail's slots
-        self.tree(url).insert(key, range(start, start + len(key)))
+        t = self.tree(url)
+        t.insert(key, range(start, start + len(key)))
+        if self.max_size is not None and t.total_size() > 2 * self.max_size:
+            self.evict_to(self.max_size, [url])
 
     def evict_to(self, max_size: int, urls: Iterable[str] | None = None) -> int:
         """LRU-evict every tree down to `max_size` keys; return keys evicted."""
