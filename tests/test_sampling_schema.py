@@ -210,3 +210,20 @@ def test_every_field_is_accepted_by_generate_and_chat(http, name):
     assert r.status_code == 200, r.text
     r = http.post("/v1/chat/completions", json={**chat, theirs: BAD[name]})
     assert r.status_code == 400 and _names(theirs, r.json()), r.text
+
+
+def test_a_temperature_or_penalty_that_overflows_takes_the_argmax_not_the_batch_down():
+    import torch
+
+    from sgl.runtime.executor.plan import SampleSpec
+    from sgl.runtime.executor.sampler import sample
+    from sgl.runtime.sampling_params import SamplingParams
+
+    logits = torch.tensor([[0.5, 3.0, 1.0, -2.0]] * 3)
+    rows = [SampleSpec(SamplingParams.from_dict({"temperature": 1e-39})),  # logits / t overflows
+            SampleSpec(SamplingParams.from_dict({"temperature": 1.0, "repetition_penalty": 1e-300}),
+                       penalty_prompt_ids=[0, 1, 2, 3], penalty_output_ids=[]),
+            SampleSpec(SamplingParams.from_dict({"temperature": 0.7}))]  # a healthy row beside them
+    gens = [torch.Generator().manual_seed(k) for k in range(3)]
+    got = sample(logits.clone(), rows, gens)
+    assert got[0].token_id == 1 and got[1].token_id in range(4) and got[2].token_id in range(4)

@@ -158,7 +158,8 @@ class Scheduler:
                 except Exception:  # never let one bad batch kill the loop
                     log.exception("scheduler step failed; aborting the requests it held")
                     for r in self.prefilling + self.running:
-                        self._finish(r, {"type": "abort", "message": "internal error while running the model"})
+                        self._finish(r, {"type": "abort", "message": "internal error while running the model",
+                                         "status_code": 500})
                 if after_iteration is not None:
                     after_iteration()
         except BaseException as e:  # the loop itself died: nobody may wait on it forever
