@@ -128,6 +128,8 @@ def test_info_health_flush_abort(srv, http):
                 continue
             last = json.loads(line[5:])
             if "meta_info" in last and last["meta_info"]["completion_tokens"] == 2:
+                again = http.post("/generate", json={**body, "stream": False})  # the rid is taken
+                assert again.status_code == 400 and "'to-abort' is already in use" in again.text, again.text
                 assert http.post("/abort_request", json={"rid": "to-abort"}).status_code == 200
     assert last is not None
     assert "error" in last or last["meta_info"]["completion_tokens"] < 1000

@@ -109,6 +109,11 @@ class WorkerClient:
 
     def submit(self, reqs: list[Request], on_output: list[Callable[[ReqOutput], None]]) -> None:
         """Send the requests of one generate call together; outputs go to their callbacks."""
+        rids = [r.rid for r in reqs]
+        taken = sorted({rid for rid in rids if rid in self._tracks} | {rid for rid in rids if rids.count(rid) > 1})
+        if taken:  # its outputs would go to the other caller, and the other would hang
+            raise ValueError(f"rid {taken[0]!r} is already in use by a request that has not finished; "
+                             "give every request its own rid")
         for r, cb in zip(reqs, on_output):
             self._tracks[r.rid] = _Track(cb, r.params.skip_special_tokens, len(r.input_ids))
         if self.crash_reason is not None:  # raced with a death: end them like the others
