@@ -227,3 +227,18 @@ def test_a_temperature_or_penalty_that_overflows_takes_the_argmax_not_the_batch_
     gens = [torch.Generator().manual_seed(k) for k in range(3)]
     got = sample(logits.clone(), rows, gens)
     assert got[0].token_id == 1 and got[1].token_id in range(4) and got[2].token_id in range(4)
+
+
+def test_seeded_samples_of_one_prompt_get_seed_plus_k():
+    from sgl.runtime.engine_io import normalize
+
+    class Tok:
+        def encode(self, text, **_):
+            return [ord(c) for c in text]
+
+    specs, _ = normalize(Tok(), "hello", None, {"n": 3, "seed": 5, "temperature": 1.0, "max_new_tokens": 4},
+                         False, None, None, False, "r", 1000, 100)
+    assert [s.params.seed for s in specs] == [5, 6, 7] and [s.rid for s in specs] == ["r-0", "r-1", "r-2"]
+    one, _ = normalize(Tok(), "hello", None, {"seed": 5, "max_new_tokens": 4}, False, None, None, False, "r", 1000,
+                       100)
+    assert one[0].params.seed == 5

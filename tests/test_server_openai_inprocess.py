@@ -160,6 +160,28 @@ def test_chat_without_max_tokens_fills_the_context(http):
     assert body.json()["usage"]["completion_tokens"] == FakeEngine.context_length - len(prompt)
 
 
+def test_chat_without_max_tokens_fills_what_the_kv_pool_holds_when_it_is_smaller():
+    class SmallPool(FakeEngine):
+        max_total_tokens = 100  # less than the context window of 512
+
+    with TestClient(create_app(SmallPool(), served_model_name="m")) as c:
+        body = c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert body.status_code == 200, body.text
+    assert body.json()["usage"]["completion_tokens"] == 100 - len("<user>hi<a>")
+
+
+def test_regexes_and_schemas_that_break_the_parser_are_400s(http):
+    for rf in ({"type": "regex", "regex": "a{4294967295}"}, {"type": "regex", "regex": "(" * 600 + ")" * 600}):
+        r = http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                    "max_tokens": 2, "response_format": rf})
+        assert r.status_code == 400, (rf["regex"][:20], r.status_code, r.text[:200])
+    r = http.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2, "json_schema": "[" * 5000}})
+    assert r.status_code == 400, r.text[:200]
+    r = http.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2,
+                                                                     "stop_regex": "(" * 600 + ")" * 600}})
+    assert r.status_code == 400, r.text[:200]
+
+
 def test_bad_requests_name_the_field(http):
     r = http.post("/v1/completions", json={"model": "m", "prompt": [], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

@@ -8,7 +8,7 @@ into SGLang's `{"text", "output_ids", "meta_info"}` dicts.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sgl.runtime.disaggregation.protocol import Bootstrap
@@ -90,9 +90,11 @@ def normalize(
             raise ValueError(f"top_logprobs_num must be in [0, 100], got {top}")
         base_rid = rid_list[i] or uuid.uuid4().hex
         for k in range(params.n):
+            # Seeded samples differ: sample k takes seed + k (as the server's streamed n does)
+            own = params if params.seed is None or params.n == 1 else replace(params, seed=params.seed + k)
             specs.append(ReqSpec(
                 rid=base_rid if params.n == 1 else f"{base_rid}-{k}",
-                input_ids=list(ids), params=params, return_logprob=bool(lp_list[i]),
+                input_ids=list(ids), params=own, return_logprob=bool(lp_list[i]),
                 logprob_start_len=start if lp_list[i] else -1, top_logprobs_num=top if lp_list[i] else 0,
                 return_text_in_logprobs=return_text_in_logprobs,
                 bootstrap=rooms[i][k] if rooms is not None else None,

@@ -118,8 +118,8 @@ class SamplingParams:
         for pattern in self.stop_regex:
             try:
                 re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"stop_regex {pattern!r} is not a valid regex: {e}") from None
+            except (re.error, OverflowError, RecursionError) as e:
+                raise ValueError(f"stop_regex {pattern[:80]!r} is not a valid regex: {e}") from None
         set_constraints = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
         need(len(set_constraints) <= 1, f"at most one constraint may be set, got {set_constraints}")
         for k in CONSTRAINT_KINDS:

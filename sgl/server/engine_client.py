@@ -183,6 +183,10 @@ class EngineClient:
         self.tokenizer = engine.tokenizer
         self.vocab_size = len(self.tokenizer)
         self.context_length = int(getattr(engine, "context_length", None) or 2048)
+        # A request's prompt + output must also fit the KV pool (which may be smaller than the
+        # context window): the default output budget is what fits both.
+        pool = getattr(engine, "max_total_tokens", None)
+        self.max_sequence = min(self.context_length, int(pool)) if isinstance(pool, int) else self.context_length
         # No token decodes to more than this many characters (byte-level BPE strings are at
         # least as long as their text), so longer texts exceed the context without tokenizing.
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=64) + 1
@@ -371,14 +375,14 @@ def _sub(param: str, key: str) -> str:
 def check_regex(pattern: str, param: str) -> None:
     try:
         re.compile(pattern)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError) as e:  # a{4294967295}, "(" * 600
         raise bad_request(f"{param} is not a valid regular expression: {e}", param) from None
 
 
 def check_json_schema(spec: str, param: str) -> dict[str, Any] | bool:
     try:
         schema = json.loads(spec)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # "[" * 5000
         raise bad_request(f"{param} is not valid JSON: {e}", param) from None
     if not isinstance(schema, (dict, bool)):
         raise bad_request(f"{param} must be a JSON object (a JSON Schema), got {type(schema).__name__}", param)

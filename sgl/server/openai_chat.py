@@ -130,7 +130,7 @@ def parse_chat(req: ChatCompletionRequest, client: EngineClient, engine: Any, mo
     plan = _ToolPlan(req)
     prompt = _build_prompt(req, plan, engine)
     num = client.count_tokens(prompt)
-    limit, max_param = _completion_limit(req, client.context_length - num)
+    limit, max_param = _completion_limit(req, client.max_sequence - num)
     client.check_budget(num, limit, prompt_param="messages", max_param=max_param)
     schema = plan.schema if plan.schema is not None else response_format_schema(req.response_format)
     if plan.schema is not None and req.response_format is not None and req.response_format.type != "text":
@@ -146,7 +146,8 @@ def parse_chat(req: ChatCompletionRequest, client: EngineClient, engine: Any, mo
 
 
 def _completion_limit(req: ChatCompletionRequest, room: int) -> tuple[int, str]:
-    """(max new tokens, the parameter that set it); without one, the room left in the context."""
+    """(max new tokens, the parameter that set it); without one, the room left in the context
+    and the KV pool."""
     if req.max_completion_tokens is not None:
         return req.max_completion_tokens, "max_completion_tokens"
     return (max(room, 0) if req.max_tokens is None else req.max_tokens), "max_tokens"
