@@ -182,6 +182,33 @@ def test_regexes_and_schemas_that_break_the_parser_are_400s(http):
     assert r.status_code == 400, r.text[:200]
 
 
+def test_a_stream_that_breaks_mid_way_ends_with_an_error_event_and_done():
+    class Breaks(FakeEngine):
+        async def async_generate(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
+            inner = await super().async_generate(*args, stream=stream, **kwargs)
+
+            async def chunks() -> Any:
+                async for k, c in _enumerate(inner):
+                    if k == 2:
+                        raise RuntimeError("a renderer bug")
+                    yield c
+
+            return chunks() if stream else inner
+
+    async def _enumerate(it: Any) -> Any:
+        k = 0
+        async for x in it:
+            yield k, x
+            k += 1
+
+    with TestClient(create_app(Breaks(), served_model_name="m"), raise_server_exceptions=False) as c:
+        r = c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 8, "stream": True})
+    got = frames(r.text)
+    assert got[-1] is None and got[-2]["error"]["type"] == "server_error", r.text[-300:]
+    assert "RuntimeError" in got[-2]["error"]["message"]
+
+
 def test_bad_requests_name_the_field(http):
     r = http.post("/v1/completions", json={"model": "m", "prompt": [], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

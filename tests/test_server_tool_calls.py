@@ -58,3 +58,13 @@ def test_describe_tools_mentions_every_tool():
     text = tool_calls.describe_tools(TOOLS, auto=True)
     assert '"add"' in text and '"ping"' in text and "<tool_call>" in text
     assert "<tool_call>" not in tool_calls.describe_tools(TOOLS, auto=False)
+
+
+def test_model_output_nested_deeper_than_json_can_parse_is_text_not_a_crash():
+    from sgl.server.tool_calls import parse_auto, parse_forced
+
+    deep = "[" * 100_000 + "]" * 100_000
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    text = f'<tool_call>{{"name": "f", "arguments": {deep}}}</tool_call>'
+    assert parse_auto(text, tools) == (text, [])
+    assert parse_forced(deep, "f") == []

@@ -13,6 +13,7 @@ need (envelope, finish reason, usage, logprobs) are here.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from sgl.server.errors import APIError, bad_request, error_body
 from sgl.server.model_name import resolve_model
 from sgl.server.openai_protocol import OPENAI_NAMES, ResponseFormat, SamplingFields, StreamOptions
 from sgl.server.sse import DONE, sse
+
+log = logging.getLogger("sgl.server")
 
 
 def register(app: FastAPI) -> None:
@@ -216,6 +219,11 @@ async def stream_choices(request: Request, client: EngineClient, subs: list[GenI
                     yield frame([c])
         except APIError as e:
             yield sse(error_body(e.message, e.type, e.param, e.status))
+            yield DONE
+            return
+        except Exception as e:  # noqa: BLE001 - a renderer failing on odd model output: end with an error
+            log.exception("streaming a completion failed")
+            yield sse(error_body(f"internal error while streaming: {type(e).__name__}", "server_error", None, 500))
             yield DONE
             return
         if include_usage:

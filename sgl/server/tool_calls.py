@@ -75,7 +75,7 @@ def parse_forced(text: str, fixed_name: str | None) -> list[dict[str, Any]]:
     """Calls from output generated under `constraint_schema` (empty if not parseable)."""
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # the model's output may nest deeper than json can
         return []
     if fixed_name is not None:
         return [make_call(fixed_name, obj)]
@@ -91,7 +91,7 @@ def parse_auto(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list
     for m in _CALL_RE.finditer(text):
         try:
             obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(obj, dict) and obj.get("name") in names:
             calls.append(make_call(obj["name"], obj.get("arguments", obj.get("parameters", {})), len(calls)))
