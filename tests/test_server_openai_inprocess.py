@@ -209,6 +209,21 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_error_event_and_done():
     assert "RuntimeError" in got[-2]["error"]["message"]
 
 
+def test_a_chunked_body_past_the_limit_is_a_413(http, monkeypatch):
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
+
+    def chunks() -> Any:  # no Content-Length: the limit must hold while reading
+        yield b'{"model": "m", "prompt": "'
+        for _ in range(100):
+            yield b"a" * 100
+        yield b'", "max_tokens": 2}'
+
+    r = http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "exceeds the limit" in r.text, (r.status_code, r.text[:200])
+    small = http.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 2})
+    assert small.status_code == 200
+
+
 def test_bad_requests_name_the_field(http):
     r = http.post("/v1/completions", json={"model": "m", "prompt": [], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

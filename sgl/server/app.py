@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sgl.runtime.config import settings
 from sgl.server import debug_api, native_api, openai_api, openai_chat, openai_completions, router_api
@@ -109,4 +110,22 @@ class _JsonBodyMiddleware:
             ctype = dict(scope.get("headers") or []).get(b"content-type", b"")
             if b"json" not in ctype:
                 scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+            receive = _bounded(receive)  # a chunked body has no Content-Length to check up front
         await self.app(scope, receive, send)
+
+
+def _bounded(receive: Any) -> Any:
+    """`receive` that raises a 413 once the body passes MAX_BODY_BYTES (an HTTPException:
+    FastAPI's body parsing passes those through, and turns anything else into a 400)."""
+    seen = 0
+
+    async def wrapped() -> Any:
+        nonlocal seen
+        message = await receive()
+        if message.get("type") == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY_BYTES:
+                raise StarletteHTTPException(413, f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        return message
+
+    return wrapped
