@@ -293,3 +293,31 @@ def test_dead_worker_without_health_checks_retries_then_502_and_opens_circuit():
         assert g.status_code == 503 and "circuit" in g.json()["error"]["message"]
     finally:
         r.stop()
+
+
+def test_a_client_that_leaves_while_queued_frees_its_place(workers):
+    r = start_router("--worker-urls", workers[0].url, "--max-concurrent-requests", "1", "--queue-size", "1",
+                     "--policy", "round_robin", api_key=KEY)
+    try:
+        with httpx.Client(base_url=r.url, headers=r.headers(), timeout=120) as c, \
+                concurrent.futures.ThreadPoolExecutor(1) as ex:
+            body = {"text": "Tell me a story", "stream": True,  # long enough to hold the slot throughout
+                    "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+            with c.stream("POST", "/generate", json=body) as s:
+                chunks = s.iter_text()
+                next(chunks)  # the stream holds the only slot
+                with pytest.raises(httpx.TimeoutException):  # queued, then gone
+                    with httpx.Client(base_url=r.url, headers=r.headers(), timeout=1.0) as impatient:
+                        impatient.post("/generate", json={"text": "Hi", "sampling_params": GREEDY})
+                deadline = time.time() + 30
+                while "sgl_router_admission_queued 0.0" not in c.get("/metrics").text:
+                    assert time.time() < deadline, "the departed client still holds its place"
+                    time.sleep(0.05)
+                queued = ex.submit(c.post, "/generate", json={"text": "Hi", "sampling_params": GREEDY})
+                while "sgl_router_admission_queued 1.0" not in c.get("/metrics").text:
+                    assert time.time() < deadline and not queued.done()
+                    time.sleep(0.05)
+                assert "".join(chunks).rstrip().endswith("data: [DONE]")
+            assert queued.result().status_code == 200  # the queue's one place was free for it
+    finally:
+        r.stop()

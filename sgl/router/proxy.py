@@ -198,7 +198,7 @@ class Proxy:
         for the answer (or, for a stream, for its first chunk: the prefill); once a stream
         flows, `Passthrough` watches."""
         task = asyncio.ensure_future((forward or self.forward)(fwd))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -327,7 +327,7 @@ class Passthrough(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: list[Any] = [CLIENT_CLOSED, None]
         streamer = asyncio.ensure_future(self._stream(send, outcome))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait({streamer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -361,7 +361,7 @@ class Passthrough(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def wait_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -18,6 +18,8 @@ PD mode (`--pd-disaggregation`): generation routes go to a (prefill, decode) pai
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from starlette.requests import Request
@@ -29,7 +31,7 @@ from sgl.router.config import bootstrap_port
 from sgl.router.policies.base import RouteRequest
 from sgl.router.state import Router, __version__
 from sgl.router.metrics import CONTENT_TYPE
-from sgl.router.proxy import Forward, error_response, read_json
+from sgl.router.proxy import Forward, error_response, read_json, wait_disconnect
 from sgl.router.route_input import route_request
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -66,7 +68,9 @@ async def _generation(request: Request, endpoint: str) -> Response:
         router.metrics.observe(t_route, 400, 0.0)
         return error_response(400, str(e))
     try:
-        await router.admission.acquire()
+        if not await _admitted(router, request):
+            router.metrics.observe(t_route, 499, 0.0)
+            return Response(status_code=499)  # the client left while queued: nobody reads this
     except Rejected as e:
         router.metrics.observe(t_route, e.status, 0.0)
         return error_response(e.status, e.message)
@@ -75,6 +79,29 @@ async def _generation(request: Request, endpoint: str) -> Response:
                   json=body if router.pd else None, on_finish=router.admission.release)
     return await router.proxy.forward_watching(fwd, request.receive,
                                                router.pd_proxy.forward if router.pd_proxy is not None else None)
+
+
+async def _admitted(router: Router, request: Request) -> bool:
+    """Wait for an admission slot unless the client leaves first (False: no slot is held,
+    and its place in the queue went to the next one). Rejected as acquire raises it."""
+    acquire = asyncio.ensure_future(router.admission.acquire())
+    gone = asyncio.ensure_future(wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left = gone.done()
+        gone.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquire
+    if acquire.cancelled():
+        return False
+    acquire.result()  # Rejected: queue full or timed out
+    if left:  # the slot came as the client went: pass it on
+        router.admission.release()
+        return False
+    return True
 
 
 async def generate(request: Request) -> Response:
