@@ -168,6 +168,22 @@ def test_abort_waiting_and_running_frees_everything() -> None:
     assert_all_free(s)
 
 
+def test_a_stream_never_shows_the_start_of_a_stop_string_it_then_cuts() -> None:
+    s, _ = make()
+    prompt = [5, 6, 7]
+    text = CharTokenizer().decode(expected_output(prompt, 20))
+    stop = text[6:9]
+    seen: list[ReqOutput] = []
+    p = SamplingParams.from_dict({"max_new_tokens": 20, "temperature": 0, "stop": [stop]})
+    s.submit(Req(rid="s", input_ids=prompt, params=p, stream=True, on_output=seen.append))
+    run_all(s)
+    final = seen[-1]
+    assert final.finished and final.text == text[:text.find(stop)]
+    assert len(seen) > 3
+    for o in seen[:-1]:  # every streamed text is a prefix of the final one: nothing to take back
+        assert final.text.startswith(o.text), (o.text, final.text)
+
+
 def test_stop_conditions() -> None:
     s, _ = make()
     results: dict[str, ReqOutput] = {}

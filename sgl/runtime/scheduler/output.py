@@ -18,6 +18,18 @@ from sgl.runtime.scheduler.detokenize import REPLACEMENT
 from sgl.runtime.scheduler.req import Req, ReqOutput
 
 
+
+def hold_back_stop_prefix(text: str, stops: list[str]) -> str:
+    """`text` without its longest tail that begins a stop string: a stream must not show
+    "Observ" of a stop "Observation:" that the finished text will cut (OpenAI and vLLM
+    hold it back too); it is shown once the next text proves it is not a stop."""
+    longest = max((len(s) for s in stops), default=0)
+    for k in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-k:]
+        if any(s.startswith(tail) for s in stops):
+            return text[:-k]
+    return text
+
 class OutputProcessor:
     def __init__(self, tokenizer: Any, eos_ids: set[int], enable_jump_forward: bool,
                  detokenize_outputs: bool = True, vocab: Callable[[], Any] | None = None) -> None:
@@ -192,6 +204,8 @@ class OutputProcessor:
             if finished or not (req.params.stop or req.params.stop_regex):
                 req.text = self.decode(req)
             text = req.text if finished else req.text.rstrip(REPLACEMENT)
+            if not finished and req.params.stop:
+                text = hold_back_stop_prefix(text, req.params.stop)
         if text is not None and req.heal_text:
             text = strip_healed(text, req.heal_text)
         return ReqOutput(rid=req.rid, text=text, output_ids=list(req.output_ids), finished=finished,
