@@ -16,6 +16,7 @@ from sgl.runtime.sampling_params import SamplingParams
 from sgl.runtime.scheduler.detokenize import REPLACEMENT, DecodeState
 from sgl.runtime.scheduler.kv_cache import KVCache
 from sgl.runtime.scheduler.req import Req, ReqOutput
+from sgl.runtime.scheduler.output import hold_back_stop_prefix
 from sgl.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from tests.fakes import FakeExecutor, expected_output
 
@@ -118,7 +119,8 @@ def test_decoding_work_per_token_is_bounded(hf_tok: Any) -> None:
 def test_streamed_text_and_stop_strings_under_retraction(hf_tok: Any) -> None:
     """Fake-model ids (bytes and specials of the real vocabulary) streamed through the
     scheduler with a tiny pool: every streamed text is decode(ids) less a trailing
-    partial character; the final text is cut before the first stop string."""
+    partial character (and a tail that may begin the stop string); the final text is cut
+    before the first stop string."""
     kv = KVCache(RadixTree(), SlotAllocator(160), ReqToTokenPool(16 + Scheduler.REQ_TABLE_SLACK, 1024))
     cfg = SchedulerConfig(max_running_requests=16, check_invariants_when_idle=True)
     s = Scheduler(cfg, None, kv, hf_tok, {0}, executor=FakeExecutor(kv.req_to_token.table))
@@ -138,8 +140,11 @@ def test_streamed_text_and_stop_strings_under_retraction(hf_tok: Any) -> None:
             break
     assert s.stats["num_retractions_total"] > 0
     for rid, outs in streamed.items():
-        for o in outs[:-1]:
-            assert not o.finished and o.text == hf_tok.decode(o.output_ids, skip_special_tokens=True).rstrip(REPLACEMENT)
+        for o in outs[:-1]:  # less, with a stop string, a tail that may begin it (held back)
+            shown = hf_tok.decode(o.output_ids, skip_special_tokens=True).rstrip(REPLACEMENT)
+            if stops[rid]:
+                shown = hold_back_stop_prefix(shown, [stops[rid]])
+            assert not o.finished and o.text == shown
         last = outs[-1]
         full = hf_tok.decode(last.output_ids, skip_special_tokens=True)
         assert last.finished and last.output_ids == expected_output(prompts[rid], len(last.output_ids))
