@@ -224,6 +224,22 @@ def test_a_chunked_body_past_the_limit_is_a_413(http, monkeypatch):
     assert small.status_code == 200
 
 
+def test_a_client_that_left_is_a_499_not_a_500(caplog):
+    import logging
+
+    from sgl.server.errors import ClientDisconnected
+
+    app = create_app(FakeEngine(), served_model_name="m")
+
+    @app.get("/left")
+    async def left() -> None:
+        raise ClientDisconnected()
+
+    with caplog.at_level(logging.ERROR), TestClient(app, raise_server_exceptions=False) as c:
+        assert c.get("/left").status_code == 499
+    assert not [r for r in caplog.records if "unhandled error" in r.getMessage()]
+
+
 def test_bad_requests_name_the_field(http):
     r = http.post("/v1/completions", json={"model": "m", "prompt": [], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

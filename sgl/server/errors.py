@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sgl.runtime.engine import SchedulerCrashedError
@@ -111,6 +111,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return error_response(APIError(detail, exc.status_code))
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(request: Request, exc: ClientDisconnected) -> Response:
+        # nobody reads this: 499 (nginx's "client closed request") keeps it out of the 500s
+        return Response(status_code=499)
 
     @app.exception_handler(SchedulerCrashedError)
     async def _crashed(request: Request, exc: SchedulerCrashedError) -> JSONResponse:
