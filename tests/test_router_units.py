@@ -341,3 +341,21 @@ def test_a_failing_policy_falls_back_to_the_least_loaded_worker():
     reg.get("http://w1").state.in_flight = 3  # type: ignore[union-attr]
     fwd = Forward("POST", "/generate", "/generate", b"{}", {}, route_req=RouteRequest("/generate", "hi"))
     assert proxy._choose(fwd, []).url == "http://w2" and policy.selects == 1
+
+
+def test_a_removed_workers_metric_series_are_dropped():
+    from sgl.router.metrics import RouterMetrics
+
+    m = RouterMetrics(lambda: {})  # the live gauges are not scraped here
+    m.worker_requests.labels("http://a:1", "ok").inc()
+    m.worker_requests.labels("http://a:1", "abandoned").inc()
+    m.worker_requests.labels("http://b:1", "ok").inc()
+    m.pd_requests.labels("http://a:1", "http://d:1", "ok").inc()
+    m.pd_requests.labels("http://p:1", "http://b:1", "ok").inc()
+    m.forget_worker("http://a:1")
+
+    def labels(counter):  # noqa: ANN001, ANN202
+        return {tuple(sorted(s.labels.items())) for fam in counter.collect() for s in fam.samples}
+
+    seen = {v for ls in labels(m.worker_requests) | labels(m.pd_requests) for _, v in ls}
+    assert "http://a:1" not in seen and {"http://b:1", "http://p:1"} <= seen

@@ -25,6 +25,8 @@ Read at scrape time from the live objects:
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -97,6 +99,14 @@ class RouterMetrics:
         self.pd_failures = Counter("sgl_router_pd_failures", "PD mode: failed calls by side and kind",
                                    ["side", "reason"], registry=self.registry)
         self.registry.register(_Live(snapshot))  # type: ignore[arg-type]
+
+    def forget_worker(self, url: str) -> None:
+        """Drop a removed worker's series: with pods coming and going the set would only grow."""
+        for counter, keyed in ((self.worker_requests, 1), (self.pd_requests, 2)):
+            for labels in list(counter._metrics):  # noqa: SLF001 - prometheus_client keeps no other index
+                if url in labels[:keyed]:
+                    with contextlib.suppress(KeyError):
+                        counter.remove(*labels)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

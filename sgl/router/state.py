@@ -248,6 +248,7 @@ class Router:
         w = reg.remove(normalize_url(url)) if reg is not None else None
         if w is not None:
             logger.info("worker %s removed (%d request(s) still finishing on it)", w.url, w.state.in_flight)
+            self.metrics.forget_worker(w.url)
         return w
 
     def _start_discovery(self) -> None:
