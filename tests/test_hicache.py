@@ -7,6 +7,7 @@ every step."""
 from __future__ import annotations
 
 import json
+from typing import Any
 import random
 
 import pytest
@@ -34,6 +35,34 @@ def make(num_slots: int, host_pages: int | None, policy: str = "write_through") 
                           check_invariants_when_idle=True)
     fake = FakeExecutor(kv.req_to_token.table, track_kv=True)
     return Scheduler(cfg, None, kv, CharTokenizer(), {EOS}, executor=fake), fake
+
+
+def file_tier(tmp_path: Any, nbytes: int, read_page: Any = None) -> tuple[Any, Any]:
+    """A real file-backed storage tier (wait_complete) under tmp_path: (its PageStore, the tier)."""
+    from sgl.runtime.memory.storage import PageStore, make_backend
+    from sgl.runtime.scheduler.storage_tier import StorageTier
+
+    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
+    tier = StorageTier(store, "ns", nbytes, read_page=read_page or (lambda page: bytes(nbytes)),
+                       prefetch_policy="wait_complete")
+    return store, tier
+
+
+def wait_until(done: Any, limit_s: float = 10.0) -> None:
+    """Poll `done()` (a background thread's progress) until it holds or limit_s passes."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def paged_req(uid: int, pages: int) -> Req:
+    """A one-token request (uid set, as at admission) whose prompt is `pages` full pages + 1 token."""
+    req = Req(rid=str(uid), input_ids=list(range(3, 3 + pages * PAGE + 1)),
+              params=SamplingParams.from_dict({"max_new_tokens": 1}), on_output=lambda o: None)
+    req.uid = uid
+    return req
 
 
 def run_one(s: Scheduler, rid: str, prompt: list[int], max_new: int = 6) -> tuple[Req, ReqOutput]:
@@ -226,14 +255,8 @@ def test_kv_events_follow_the_device_tree_through_demotion_and_promotion() -> No
 def test_storage_hits_stay_storage_when_admission_waits(tmp_path) -> None:
     """A request whose pages came up from storage but that waits for pool room finds them
     in the host tier on its next try: they are still reported as storage hits."""
-    import time
-
-    from sgl.runtime.memory.storage import PageStore, make_backend
-    from sgl.runtime.scheduler.storage_tier import StorageTier
-
     nbytes = 32
-    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
-    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    store, tier = file_tier(tmp_path, nbytes)
     hc = HiCache(PAGE, 16, storage=tier)
     try:
         p = SamplingParams.from_dict({"max_new_tokens": 1})
@@ -242,9 +265,7 @@ def test_storage_hits_stay_storage_when_admission_waits(tmp_path) -> None:
         hashes = hc.hashes(req, 4 * PAGE)
         store.set([tier.key(h) for h in hashes], [bytes([k]) * nbytes for k in range(4)])
         hc.on_arrival(req)
-        deadline = time.monotonic() + 10
-        while hc.storage_pending(req) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: not hc.storage_pending(req))
         first = hc.match(req, 0, 4 * PAGE)
         assert (first.host_tokens, first.storage_tokens) == (0, 4 * PAGE)
         _, _, fills, _ = hc.take_copies()  # not admitted; the plan still runs the fills
@@ -265,27 +286,17 @@ def test_storage_fills_never_evict_the_pages_the_same_request_loads(tmp_path) ->
     """A host tier smaller than a prompt's hits: 2 pages are host hits, 4 more come up from
     storage, and the tier holds 4. Fills may evict only pages no pending load reads, so the
     hit stops at 4 pages, each in its own host page with its own bytes."""
-    import time
-
-    from sgl.runtime.memory.storage import PageStore, make_backend
-    from sgl.runtime.scheduler.storage_tier import StorageTier
-
     nbytes = 32
-    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
-    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    store, tier = file_tier(tmp_path, nbytes)
     hc = HiCache(PAGE, 4, storage=tier)
     try:
-        p = SamplingParams.from_dict({"max_new_tokens": 1})
-        req = Req(rid="r", input_ids=list(range(3, 3 + 6 * PAGE + 1)), params=p, on_output=lambda o: None)
-        req.uid = 9
+        req = paged_req(9, 6)
         hashes = hc.hashes(req, 6 * PAGE)
         for h in hashes[:2]:
             assert hc.host.put(h) is not None
         store.set([tier.key(h) for h in hashes[2:]], [bytes([k]) * nbytes for k in range(2, 6)])
         hc.on_arrival(req)
-        deadline = time.monotonic() + 10
-        while hc.storage_pending(req) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: not hc.storage_pending(req))
         hit = hc.match(req, 0, 6 * PAGE)
         pages = [page for page, _, _ in hit.loads]
         assert len(pages) == len(set(pages)) == 4
@@ -303,20 +314,11 @@ def test_a_page_missing_from_storage_is_written_again(tmp_path) -> None:
     """A page this process stored and the store then lost (evicted, deleted as corrupt) is
     no longer skipped as written: the lookup that finds the hole makes the next store of
     that page write it again, so the chain is whole for later requests."""
-    import time
-
-    from sgl.runtime.memory.storage import PageStore, make_backend
-    from sgl.runtime.scheduler.storage_tier import StorageTier
-
     nbytes = 32
-    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
-    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes([page]) * nbytes,
-                       prefetch_policy="wait_complete")
+    store, tier = file_tier(tmp_path, nbytes, read_page=lambda page: bytes([page]) * nbytes)
 
     def written(n: int) -> None:
-        deadline = time.monotonic() + 10
-        while tier.snapshot()["storage_pages_written"] < n and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: tier.snapshot()["storage_pages_written"] >= n)
         assert tier.snapshot()["storage_pages_written"] == n
 
     try:
@@ -326,9 +328,7 @@ def test_a_page_missing_from_storage_is_written_again(tmp_path) -> None:
         tier.write_through(list(zip(range(3), hashes)))  # known: not written twice
         store.delete([tier.key(12)])
         tier.start_prefetch(1, hashes, 0)
-        deadline = time.monotonic() + 10
-        while tier.must_wait(1) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: not tier.must_wait(1))
         assert [bytes(b)[0] for b in tier.take(1, 0)] == [0]  # the chain stops at the hole
         tier.write_through(list(zip(range(3), hashes)))
         written(4)
@@ -341,17 +341,12 @@ def test_prefetched_pages_are_bounded_and_freed_when_not_needed(tmp_path, monkey
     """Pages fetched for waiting requests stay under MAX_PREFETCHED_BYTES (a request past it
     recomputes the rest), and a match that needs nothing from storage (the device holds the
     whole prompt) frees its request's pages at once; wait_complete is capped too."""
-    import time
-
-    from sgl.runtime.memory.storage import PageStore, make_backend
     from sgl.runtime.scheduler import storage_tier
-    from sgl.runtime.scheduler.storage_tier import StorageTier
 
     nbytes = 32
     monkeypatch.setattr(storage_tier, "GET_BATCH", 1)
     monkeypatch.setattr(storage_tier, "MAX_PREFETCHED_BYTES", 5 * nbytes)
-    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
-    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    store, tier = file_tier(tmp_path, nbytes)
     hc = HiCache(PAGE, 64, storage=tier)
     try:
         p = SamplingParams.from_dict({"max_new_tokens": 1})
@@ -364,9 +359,7 @@ def test_prefetched_pages_are_bounded_and_freed_when_not_needed(tmp_path, monkey
             reqs.append(req)
         for req in reqs:
             hc.on_arrival(req)
-        deadline = time.monotonic() + 10
-        while any(hc.storage_pending(r) for r in reqs) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: not any(hc.storage_pending(r) for r in reqs))
         assert tier.snapshot()["storage_prefetch_bytes_held"] == 5 * nbytes  # 4 + 1, then the budget
         second = hc.match(reqs[1], 0, 4 * PAGE)
         assert second.storage_tokens == 1 * PAGE
@@ -386,12 +379,8 @@ def test_a_finished_storage_lookup_wakes_the_scheduler(tmp_path) -> None:
     worker build wires it to the scheduler's wake."""
     import threading
 
-    from sgl.runtime.memory.storage import PageStore, make_backend
-    from sgl.runtime.scheduler.storage_tier import StorageTier
-
     nbytes = 32
-    store = PageStore(make_backend("file", {"path": str(tmp_path)}, "ns"))
-    tier = StorageTier(store, "ns", nbytes, read_page=lambda page: bytes(nbytes), prefetch_policy="wait_complete")
+    store, tier = file_tier(tmp_path, nbytes)
     hc = HiCache(PAGE, 16, storage=tier)
     woken: list[bool] = []
     event = threading.Event()

@@ -188,9 +188,14 @@ def test_remove_worker_finishes_its_requests_then_add_back(router, http, workers
     assert r.status_code == 503 and "health check" in r.json()["error"]["message"]
 
 
+def one_slot_router(worker):  # noqa: ANN001, ANN201
+    """A router admitting one generation at a time, with one place in its queue."""
+    return start_router("--worker-urls", worker.url, "--max-concurrent-requests", "1", "--queue-size", "1",
+                        "--policy", "round_robin", api_key=KEY)
+
+
 def test_queue_full_429(workers):
-    r = start_router("--worker-urls", workers[0].url, "--max-concurrent-requests", "1", "--queue-size", "1",
-                     "--policy", "round_robin", api_key=KEY)
+    r = one_slot_router(workers[0])
     try:
         with httpx.Client(base_url=r.url, headers=r.headers(), timeout=120) as c, \
                 concurrent.futures.ThreadPoolExecutor(1) as ex:
@@ -296,8 +301,7 @@ def test_dead_worker_without_health_checks_retries_then_502_and_opens_circuit():
 
 
 def test_a_client_that_leaves_while_queued_frees_its_place(workers):
-    r = start_router("--worker-urls", workers[0].url, "--max-concurrent-requests", "1", "--queue-size", "1",
-                     "--policy", "round_robin", api_key=KEY)
+    r = one_slot_router(workers[0])
     try:
         with httpx.Client(base_url=r.url, headers=r.headers(), timeout=120) as c, \
                 concurrent.futures.ThreadPoolExecutor(1) as ex:
