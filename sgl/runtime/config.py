@@ -404,6 +404,17 @@ def torchrun_values() -> dict[str, Any]:
             "dist_init_addr": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"}
 
 
+# Third-party variables that change which GEMM kernels torch / oneDNN / MKL run (read here,
+# the one module that reads the environment; the calibration cache keys on them).
+KERNEL_ENV_VARS = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                   "MKL_CBWR")
+
+
+def kernel_environment() -> dict[str, str]:
+    """The KERNEL_ENV_VARS set in this process."""
+    return {k: os.environ[k] for k in KERNEL_ENV_VARS if k in os.environ}
+
+
 # ---- process-wide settings -------------------------------------------------------------------
 
 _SETTINGS_VARS = tuple(env_name(f) for f in dataclasses.fields(Settings))

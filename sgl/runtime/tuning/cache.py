@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sgl.runtime.config import kernel_environment
+
 log = logging.getLogger("sgl.tuning")
 
 FORMAT = 2  # bump when the file layout or the meaning of an item changes
@@ -59,10 +61,6 @@ _RUNTIME = Path(__file__).resolve().parent.parent
 # The Python that decides what is timed and what a cached answer means (the fp32 path's
 # padding rows, the C step's row limits): an edit there must not trust old answers.
 _LOGIC_FILES = ("tuning/measure.py", "tuning/calibrate.py", "kernels/cpu/linear.py", "kernels/cpu/decode.py")
-# Settings that change which GEMM kernels torch / oneDNN / MKL run, and so the timings
-# and the fp32 path's bit-stability checks.
-_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-               "MKL_CBWR")
 
 
 def logic_key() -> str:
@@ -78,7 +76,7 @@ def logic_key() -> str:
 def key_parts(cpu: tuple[str, str], build: str | None, torch_version: str, shapes: str, threads: int) -> dict[str, Any]:
     return {"format": FORMAT, "cpu_model": cpu[0], "cpu_flags": cpu[1], "kernel_build": build or "none",
             "torch": torch_version, "model_shapes": shapes, "threads": threads, "logic": logic_key(),
-            "kernel_env": {k: os.environ[k] for k in _KERNEL_ENV if k in os.environ}}
+            "kernel_env": kernel_environment()}  # they pick torch's GEMM kernels: timings, fp32 checks
 
 
 def cache_path(root: Path, parts: dict[str, Any]) -> Path:
