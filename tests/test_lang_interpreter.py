@@ -324,6 +324,9 @@ def test_regex_json_schema_ebnf_grammar_pass_through(be):
     assert (sps[4]["stop_regex"], sps[4]["min_new_tokens"], sps[4]["ignore_eos"]) == ([r"\d"], 2, True)
     with pytest.raises(ValueError):
         sgl.gen("x", regex="(")
+    for refused in ("a{4294967295}", "(" * 600 + ")" * 600):  # re refuses these with other exceptions
+        with pytest.raises(ValueError, match="not a valid regular expression"):
+            sgl.gen("x", regex=refused)
     with pytest.raises(ValueError):
         sgl.gen("x", regex="a", json_schema="{}")
 

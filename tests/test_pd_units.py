@@ -137,7 +137,7 @@ class Pair:
             old.pd.receiver.close()
         self.d, pool = scheduler()
         inc = time.time_ns()
-        self.d.attach_pd(DecodeRole(TcpKVReceiver("127.0.0.1:1", inc, self.d.wake), pool, self.timeout,
+        self.d.attach_pd(DecodeRole(TcpKVReceiver("127.0.0.1:1", inc, self.d.wake, self.timeout + 60), pool, self.timeout,
                                     "127.0.0.1:1", inc))
 
     def close(self) -> None:
@@ -463,3 +463,34 @@ def test_a_pull_for_a_room_the_prefill_already_dropped_fails_at_once():
         pr.assert_all_free()
     finally:
         pr.close()
+
+
+def test_an_idle_decode_connection_is_closed_and_reopened_when_pulled_again():
+    port = free_port()
+    sender = TcpKVSender("127.0.0.1", port, lambda: None)
+    receiver = TcpKVReceiver("127.0.0.1:2", 1, lambda: None, idle_close_s=0.3)
+    addr = ("127.0.0.1", port)
+
+    def pulled(room: int) -> None:
+        receiver.pull(addr, Pull(room, 0, 4, tokens_hash([1, 2, 3, 4]), "127.0.0.1:2", 1))
+        got: list[Any] = []
+        for _ in range(1000):  # a bound on waiting, not a timing assertion
+            got += sender.poll()
+            if got:
+                break
+            time.sleep(0.01)
+        assert [(type(e).__name__, e.msg.room) for e in got] == [("PullReceived", room)]
+
+    try:
+        pulled(1)
+        assert list(receiver.dealers) == [addr]
+        for _ in range(1000):
+            if not receiver.dealers:
+                break
+            time.sleep(0.01)
+        assert not receiver.dealers and not receiver.monitors and not receiver.last_used
+        pulled(2)  # a later request for the same prefill opens a new connection
+        assert list(receiver.dealers) == [addr]
+    finally:
+        receiver.close()
+        sender.close()

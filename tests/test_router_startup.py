@@ -76,3 +76,40 @@ def test_serves_once_one_worker_is_healthy_and_keeps_fetching_the_tokenizer(work
             await asyncio.wait_for(router.stop(), 30)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+def test_a_discovered_worker_failing_its_first_checks_is_tried_again_until_it_joins() -> None:
+    # Kubernetes sends no further event while a pod stays Ready, so the router must keep trying.
+    checks = {"n": 0}
+
+    def answer(path: str, headers: object) -> tuple[int, object]:
+        if path == "/health":
+            checks["n"] += 1
+            return (503, {"error": "warming up"}) if checks["n"] <= 4 else (200, {})
+        return 404, {}
+
+    server = JsonServer(answer)
+    cfg = RouterConfig(worker_startup_timeout_secs=0.2, policy="round_robin").resolved()
+
+    async def main() -> None:
+        router = Router(cfg)
+        try:
+            await asyncio.wait_for(router.start(), 60)
+            adding = asyncio.get_running_loop().create_task(router.add_discovered(server.url, retry_initial_s=0.05))
+            await asyncio.wait_for(adding, 60)
+            w = router.registry.get(server.url)
+            assert w is not None and w.state.healthy and checks["n"] == 5
+            # a pod that never passes is retried until discovery cancels it (the pod went away)
+            checks["n"] = -10**9
+            router.remove_worker(server.url)
+            adding = asyncio.get_running_loop().create_task(router.add_discovered(server.url, retry_initial_s=0.05))
+            await _until(lambda: checks["n"] >= -10**9 + 3, "checked again after failing")
+            adding.cancel()
+            await asyncio.gather(adding, return_exceptions=True)
+            assert router.registry.get(server.url) is None
+        finally:
+            await asyncio.wait_for(router.stop(), 30)
+            server.close()
+
+    asyncio.run(main())

@@ -7,7 +7,6 @@ model. Backends given by the user may be an `sgl.Engine`, which is wrapped on us
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable
 
 from sgl.lang.choices import ChoicesSamplingMethod, token_length_normalized
@@ -15,6 +14,7 @@ from sgl.lang.function import SglFunction
 from sgl.lang.global_config import global_config
 from sgl.lang.ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, gen_params, role_exprs
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
+from sgl.runtime.sampling_params import regex_problem
 
 
 def function(func: Callable | None = None, num_api_spec_tokens: int | None = None):
@@ -49,11 +49,9 @@ def get_server_info(backend: Any = None) -> dict | None:
 
 
 def _check_regex(pattern: str | None) -> None:
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ValueError(f"regex {pattern!r} is not a valid regular expression: {e}") from None
+    problem = None if pattern is None else regex_problem(pattern)
+    if problem is not None:
+        raise ValueError(f"regex {pattern[:80]!r} is not a valid regular expression: {problem}")
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, *,

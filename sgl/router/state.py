@@ -243,6 +243,16 @@ class Router:
         self.wake_tokenizer()
         return w, None
 
+    async def add_discovered(self, url: str, retry_initial_s: float = 1.0, retry_max_s: float = 60.0) -> None:
+        """add_worker for a pod that Kubernetes calls Ready, tried until it passes. The pod
+        sends no further event while it stays Ready, so one failed first check must not keep
+        it out for good; discovery cancels this when the pod goes away."""
+        delay = retry_initial_s
+        while (err := (await self.add_worker(url))[1]) is not None:
+            logger.warning("discovered worker %s not added yet: %s; trying again in %.0f s", url, err, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, retry_max_s)
+
     def remove_worker(self, url: str) -> Worker | None:
         reg = self.fleet.owner(normalize_url(url))
         w = reg.remove(normalize_url(url)) if reg is not None else None
@@ -254,16 +264,11 @@ class Router:
     def _start_discovery(self) -> None:
         from sgl.router.discovery import PodDiscovery  # optional: needs the kubernetes package
 
-        async def on_add(url: str) -> None:
-            _, err = await self.add_worker(url)
-            if err is not None:
-                logger.warning("discovered worker %s not added: %s", url, err)
-
         async def on_remove(url: str) -> None:
             self.remove_worker(url)
 
         self._discovery = PodDiscovery(dict(self.cfg.selector), self.cfg.service_discovery_namespace,
-                                       self.cfg.service_discovery_port, on_add, on_remove)
+                                       self.cfg.service_discovery_port, self.add_discovered, on_remove)
         self.spawn(self._discovery.run())
 
     def wake_tokenizer(self) -> None:

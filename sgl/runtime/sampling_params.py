@@ -17,6 +17,17 @@ from typing import Any
 
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
 
+
+def regex_problem(pattern: str) -> str | None:
+    """Why Python's re refuses pattern, or None. Some refusals are not re.error:
+    a{4294967295} overflows, "(" * 600 recurses."""
+    try:
+        re.compile(pattern)
+    except (re.error, OverflowError, RecursionError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
 # Largest n we accept; larger values are almost always a client bug and would pin KV.
 MAX_N = 64
 
@@ -116,10 +127,9 @@ class SamplingParams:
         need(isinstance(self.stop_regex, list) and all(isinstance(s, str) and s for s in self.stop_regex),
              "stop_regex must be a string or a list of strings")
         for pattern in self.stop_regex:
-            try:
-                re.compile(pattern)
-            except (re.error, OverflowError, RecursionError) as e:
-                raise ValueError(f"stop_regex {pattern[:80]!r} is not a valid regex: {e}") from None
+            problem = regex_problem(pattern)
+            if problem is not None:
+                raise ValueError(f"stop_regex {pattern[:80]!r} is not a valid regex: {problem}")
         set_constraints = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
         need(len(set_constraints) <= 1, f"at most one constraint may be set, got {set_constraints}")
         for k in CONSTRAINT_KINDS:

@@ -30,7 +30,7 @@ from fastapi.responses import StreamingResponse
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
 from sgl.runtime.engine import SchedulerCrashedError
 from sgl.runtime.lru import LRU
-from sgl.runtime.sampling_params import ALIASES, SamplingParams
+from sgl.runtime.sampling_params import ALIASES, SamplingParams, regex_problem
 from sgl.server.errors import APIError, ClientDisconnected, bad_request
 from sgl.server.metrics import Metrics
 from sgl.server.pd import engine_kwargs
@@ -373,10 +373,9 @@ def _sub(param: str, key: str) -> str:
 
 
 def check_regex(pattern: str, param: str) -> None:
-    try:
-        re.compile(pattern)
-    except (re.error, OverflowError, RecursionError) as e:  # a{4294967295}, "(" * 600
-        raise bad_request(f"{param} is not a valid regular expression: {e}", param) from None
+    problem = regex_problem(pattern)
+    if problem is not None:
+        raise bad_request(f"{param} is not a valid regular expression: {problem}", param)
 
 
 def check_json_schema(spec: str, param: str) -> dict[str, Any] | bool:

@@ -56,5 +56,6 @@ def build_role(cfg: Any, pool: Any, wake: Any) -> Any:
     from sgl.runtime.disaggregation.tcp import TcpKVReceiver
 
     incarnation = time.time_ns()
-    return DecodeRole(TcpKVReceiver(worker_id, incarnation, wake), pool, cfg.disaggregation_timeout, worker_id,
-                      incarnation)
+    # Idle past every room's deadline (each pull is sent after its request arrived).
+    receiver = TcpKVReceiver(worker_id, incarnation, wake, idle_close_s=cfg.disaggregation_timeout + 60.0)
+    return DecodeRole(receiver, pool, cfg.disaggregation_timeout, worker_id, incarnation)

@@ -10,9 +10,10 @@ buffer is handed to ZMQ and kept alive until ZMQ says the frame is sent.
 Decode (`TcpKVReceiver`): one DEALER per prefill address, named
 "<decode_id>|<incarnation>", so replies reach this incarnation only and a restarted
 decode worker is told apart from its predecessor. DEALERs connect lazily and queue
-pulls until the prefill is reachable; the caller's deadline bounds the wait. A socket
-monitor reports a connection that breaks (the prefill died) as `PeerLost`, so the rooms
-pulled from it fail at once instead of at their deadline.
+pulls until the prefill is reachable; the caller's deadline bounds the wait, and a
+DEALER idle for longer than any wait is closed. A socket monitor reports a connection
+that breaks (the prefill died) as `PeerLost`, so the rooms pulled from it fail at once
+instead of at their deadline.
 
 Both threads only move bytes: decoded messages go into a queue the scheduler thread
 polls (and `wake()` nudges the scheduler loop); everything else happens there.
@@ -194,12 +195,18 @@ class TcpKVSender(_IOThread):
 class TcpKVReceiver(_IOThread):
     """Decode side of the tcp backend (protocol.KVReceiver)."""
 
-    def __init__(self, decode_id: str, incarnation: int, wake: Callable[[], None]) -> None:
+    def __init__(self, decode_id: str, incarnation: int, wake: Callable[[], None], idle_close_s: float) -> None:
+        """`idle_close_s`: a DEALER with no traffic that long is closed (prefill pods come and go
+        under new addresses; each open one would reconnect forever). Give it more than the
+        longest a pulled room may wait, so no awaited reply can arrive after."""
         super().__init__(zmq.Context(), "sgl-pd-receiver")
         self.identity = f"{decode_id}|{incarnation}".encode()
         self.wake = wake
-        self.dealers: dict[tuple[str, int], zmq.Socket] = {}  # touched by the I/O thread only
+        self.idle_close_s = idle_close_s
+        # touched by the I/O thread only
+        self.dealers: dict[tuple[str, int], zmq.Socket] = {}
         self.monitors: dict[zmq.Socket, tuple[str, int]] = {}
+        self.last_used: dict[tuple[str, int], float] = {}
         self.thread.start()
 
     def pull(self, addr: tuple[str, int], msg: Pull) -> None:
@@ -233,15 +240,31 @@ class TcpKVReceiver(_IOThread):
             self.monitors[mon] = addr
             poller.register(sock, zmq.POLLIN)
             self.dealers[addr] = sock
+        self.last_used[addr] = time.monotonic()
         return sock
+
+    def _close_idle(self, poller: zmq.Poller) -> None:
+        now = time.monotonic()
+        for addr in [a for a, t in self.last_used.items() if now - t > self.idle_close_s]:
+            sock = self.dealers.pop(addr)
+            del self.last_used[addr]
+            mon = next(m for m, a in self.monitors.items() if a == addr)
+            del self.monitors[mon]
+            poller.unregister(sock)
+            poller.unregister(mon)
+            sock.disable_monitor()
+            mon.close(linger=0)
+            sock.close(linger=0)
+            log.info("closed the idle PD connection to %s:%s", *addr)
 
     def loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_in, zmq.POLLIN)
         while not self.stop.is_set():
             ready = dict(poller.poll(POLL_MS))
-            for sock in list(self.dealers.values()):
+            for addr, sock in list(self.dealers.items()):
                 if sock in ready:
+                    self.last_used[addr] = time.monotonic()
                     self._receive(sock)
             for mon, addr in list(self.monitors.items()):
                 if mon in ready:
@@ -258,6 +281,7 @@ class TcpKVReceiver(_IOThread):
                         self._dealer(cmd[1], poller).send(encode(cmd[2]), zmq.NOBLOCK)
                     except Exception as e:  # noqa: BLE001 - queue full, bad address: the deadline fails the room
                         log.warning("could not send %s to %s:%s: %s", type(cmd[2]).__name__, *cmd[1], e)
+            self._close_idle(poller)
 
     def _monitor(self, mon: zmq.Socket, addr: tuple[str, int]) -> None:
         lost = False

@@ -60,13 +60,14 @@ def sample(logits: torch.Tensor, rows: list[SampleSpec], generators: list[torch.
     sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if sampled:
         probs = sampling_probs(logits[torch.tensor(sampled)], [rows[i].params for i in sampled])
-        # A temperature so small (1e-39) or a penalty so strong that logits / t overflows
-        # leaves NaN or no mass: that row takes its argmax (the limit it tends to) instead
-        # of raising in multinomial and failing the whole batch.
-        usable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
         for j, i in enumerate(sampled):
-            if usable[j]:
+            try:
                 out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+            except RuntimeError:
+                # A temperature so small (1e-39) or a penalty so strong that logits / t
+                # overflows leaves NaN or no mass: multinomial refuses it, and that row
+                # keeps its argmax (the limit it tends to) instead of failing the batch.
+                pass
 
     res = [RowResult(token_id=t) for t in out.tolist()]
     if raw_lp is not None:

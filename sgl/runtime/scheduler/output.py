@@ -30,6 +30,7 @@ def hold_back_stop_prefix(text: str, stops: list[str]) -> str:
             return text[:-k]
     return text
 
+
 class OutputProcessor:
     def __init__(self, tokenizer: Any, eos_ids: set[int], enable_jump_forward: bool,
                  detokenize_outputs: bool = True, vocab: Callable[[], Any] | None = None) -> None:

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -110,7 +111,7 @@ class WorkerClient:
     def submit(self, reqs: list[Request], on_output: list[Callable[[ReqOutput], None]]) -> None:
         """Send the requests of one generate call together; outputs go to their callbacks."""
         rids = [r.rid for r in reqs]
-        taken = sorted({rid for rid in rids if rid in self._tracks} | {rid for rid in rids if rids.count(rid) > 1})
+        taken = sorted({rid for rid, k in Counter(rids).items() if k > 1 or rid in self._tracks})
         if taken:  # its outputs would go to the other caller, and the other would hang
             raise ValueError(f"rid {taken[0]!r} is already in use by a request that has not finished; "
                              "give every request its own rid")

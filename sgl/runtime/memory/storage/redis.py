@@ -76,7 +76,7 @@ class RedisBackend:
         self.ttl_ms = None if ttl_s is None else max(1, int(ttl_s * 1000))
         self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
         self._redis_error = redis.exceptions.RedisError
-        self._configured = False  # True once the server refused CONFIG SET (not asked again)
+        self._config_refused = False  # True once the server refused CONFIG SET (not asked again)
         self._client = redis.Redis.from_url(
             url, socket_timeout=socket_timeout_s, socket_connect_timeout=connect_timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
@@ -103,7 +103,7 @@ class RedisBackend:
         calls, and a restarted Redis has forgotten CONFIG SET. A refusal (a managed Redis)
         is logged once and not asked again."""
         conn.on_connect()
-        if self.max_bytes is None or self._configured:
+        if self.max_bytes is None or self._config_refused:
             return
         try:
             for name, value in (("maxmemory", str(self.max_bytes)), ("maxmemory-policy", "allkeys-lru")):
@@ -112,7 +112,7 @@ class RedisBackend:
         except self._redis_error as e:
             if isinstance(e, self._errors):
                 raise
-            self._configured = True
+            self._config_refused = True
             log.warning("storage redis: the server refused CONFIG SET maxmemory (%s); set maxmemory and "
                         "maxmemory-policy allkeys-lru on the server itself", e)
 
