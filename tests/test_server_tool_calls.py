@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -68,3 +69,38 @@ def test_model_output_nested_deeper_than_json_can_parse_is_text_not_a_crash():
     text = f'<tool_call>{{"name": "f", "arguments": {deep}}}</tool_call>'
     assert parse_auto(text, tools) == (text, [])
     assert parse_forced(deep, "f") == []
+
+
+# As pydantic writes them: shared types under $defs at the parameters' root, and a tree
+# type that refers to itself through "#".
+POINT = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+         "required": ["x", "y"], "additionalProperties": False}
+DEFS_TOOLS = [
+    {"type": "function", "function": {"name": "move", "parameters": {
+        "$defs": {"Point": POINT}, "type": "object", "additionalProperties": False,
+        "properties": {"to": {"$ref": "#/$defs/Point"}, "const": {"enum": [{"$ref": "#/not-a-ref"}]}},
+        "required": ["to"]}}},
+    {"type": "function", "function": {"name": "tree", "parameters": {
+        "type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["kids"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("tools", [DEFS_TOOLS, DEFS_TOOLS[:1]], ids=["two-tools", "one-tool"])
+def test_required_schema_keeps_each_tools_refs_pointing_into_its_own_parameters(tools):
+    from sgl.runtime.constrained.json_schema import canonical_json, schema_to_regex
+
+    schema = json.loads(tool_calls.constraint_schema(tools, "required")[0])
+    good = {"name": "move", "arguments": {"to": {"x": 1, "y": 2}}}
+    bad = {"name": "move", "arguments": {"to": {"x": 1}}}
+    jsonschema.validate(good, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    data = json.dumps(schema)
+    assert '"#/not-a-ref"' in data  # data under enum is left as it was
+    rx = schema_to_regex(schema)  # our compiler resolves the rebased pointers too
+    assert re.fullmatch(rx, canonical_json(good, schema)) and not re.fullmatch(rx, canonical_json(bad, schema))
+    if len(tools) > 1:
+        jsonschema.validate({"name": "tree", "arguments": {"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}}, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"name": "tree", "arguments": {"kids": [{"kids": 1}]}}, schema)

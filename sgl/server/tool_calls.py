@@ -64,11 +64,41 @@ def constraint_schema(tools: list[dict[str, Any]], choice: Any) -> tuple[str, st
     if isinstance(choice, dict):
         tool = find_tool(tools, choice["function"]["name"])
         return json.dumps(parameters_of(tool)), tool["function"]["name"]
+    many = len(tools) > 1
     variants = [{"type": "object",
-                 "properties": {"name": {"const": t["function"]["name"]}, "arguments": parameters_of(t)},
-                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+                 "properties": {"name": {"const": t["function"]["name"]},
+                                "arguments": _rebase_refs(parameters_of(t),
+                                                          (f"/anyOf/{i}" if many else "") + "/properties/arguments")},
+                 "required": ["name", "arguments"], "additionalProperties": False} for i, t in enumerate(tools)]
+    schema = {"anyOf": variants} if many else variants[0]
     return json.dumps(schema), None
+
+
+# Keywords whose values are data, not schemas: a {"$ref": ...} inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords mapping names to schemas: a property may be called "const" or "$ref".
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _rebase_refs(schema: Any, prefix: str) -> Any:
+    """`schema` with its local $refs ("#/$defs/Foo", "#") pointing into the place it is nested
+    at (`prefix`, a JSON pointer): pydantic's parameters keep their $defs at their root, and
+    nested under "arguments" a "#/$defs/Foo" would name the wrapper's root instead."""
+    if isinstance(schema, list):
+        return [_rebase_refs(s, prefix) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+            out[k] = "#" + prefix + v[1:]
+        elif k in _DATA_KEYWORDS:
+            out[k] = v
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _rebase_refs(sub, prefix) for name, sub in v.items()}
+        else:
+            out[k] = _rebase_refs(v, prefix)
+    return out
 
 
 def parse_forced(text: str, fixed_name: str | None) -> list[dict[str, Any]]:
