@@ -137,8 +137,8 @@ class Pair:
             old.pd.receiver.close()
         self.d, pool = scheduler()
         inc = time.time_ns()
-        self.d.attach_pd(DecodeRole(TcpKVReceiver("127.0.0.1:1", inc, self.d.wake, self.timeout + 60), pool, self.timeout,
-                                    "127.0.0.1:1", inc))
+        receiver = TcpKVReceiver("127.0.0.1:1", inc, self.d.wake, self.timeout + 60)
+        self.d.attach_pd(DecodeRole(receiver, pool, self.timeout, "127.0.0.1:1", inc))
 
     def close(self) -> None:
         self.p.close()

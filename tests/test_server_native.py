@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import httpx
 import pytest
@@ -135,6 +136,23 @@ def test_info_health_flush_abort(srv, http):
     assert "error" in last or last["meta_info"]["completion_tokens"] < 1000
 
 
+def test_abort_by_rid_reaches_every_sample_of_a_non_stream_request(http):
+    import concurrent.futures
+
+    body = {"text": "Tell me a long story.", "rid": "abort-n2",
+            "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True, "n": 2, "temperature": 0.8}}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(http.post, "/generate", json=body)
+        for _ in range(600):  # a bound on waiting, not a timing assertion
+            if http.get("/get_server_info").json()["num_running_reqs"] >= 2:
+                break
+            time.sleep(0.05)
+        assert http.post("/abort_request", json={"rid": "abort-n2"}).status_code == 200
+        r = fut.result(timeout=120)
+    # the samples were stopped: the reply is the abort, not two 1,000-token stories
+    assert r.status_code == 400 and "abort" in r.text.lower(), r.text[:300]
+
+
 def test_api_key_guard(srv):
     assert httpx.get(srv.url + "/health").status_code == 200
     r = httpx.post(srv.url + "/generate", json={"text": "hi"})
@@ -157,6 +175,11 @@ def test_metrics_and_access_log(srv, http):
     assert gens and all({"request_id", "duration_ms", "method"} <= set(x) for x in gens)
     assert any(x.get("completion_tokens", 0) > 0 for x in gens)
     assert any(x["status"] == 401 for x in lines)
+    for path in ("/scanner-probe-1", "/scanner-probe-2"):  # refused before routing (no key)
+        assert httpx.get(srv.url + path).status_code == 401
+    text = http.get("/metrics").text
+    assert "scanner-probe" not in text and re.search(r'sgl_http_requests_total\{path="unmatched",status="401"\}', text)
+    assert re.search(r'sgl_http_requests_total\{path="/generate",status="401"\}', text)  # a known path keeps its name
 
 
 # ---- SGLang's own frontend against our server ------------------------------------------

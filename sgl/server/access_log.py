@@ -32,9 +32,11 @@ def note_usage(request: Any, meta: dict[str, Any]) -> None:
 
 
 class AccessLogMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, paths: frozenset[str] = frozenset()) -> None:
+        """`paths`: the app's route paths, to label requests refused before routing (401)."""
         self.app = app
         self.metrics = metrics
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,10 +64,11 @@ class AccessLogMiddleware:
             self.metrics.in_flight.dec()
             # 499 (nginx's "client closed request") when no response ever started.
             status = status or 499
-            route = scope.get("route")
-            # Label by route template; unknown paths (404s) share one label so that
-            # scanners cannot blow up the metric's cardinality.
-            path_label = getattr(route, "path", None) or (scope.get("path") if status != 404 else "unmatched")
+            # Label by route template; any other path (a 404, a 401 before routing) shares
+            # one label, so scanners cannot blow up the metric's cardinality.
+            path_label = getattr(scope.get("route"), "path", None)
+            if path_label is None:
+                path_label = scope.get("path") if scope.get("path") in self.paths else "unmatched"
             self.metrics.observe_http(path_label, status)
             line = {
                 "ts": round(time.time(), 3),

@@ -85,7 +85,8 @@ def create_app(engine: Any, *, served_model_name: str | None = None, api_key: st
     # Added last = outermost: the access log sees auth failures too.
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    app.add_middleware(AccessLogMiddleware, metrics=metrics)
+    app.add_middleware(AccessLogMiddleware, metrics=metrics,
+                       paths=frozenset(p for r in app.routes if isinstance(p := getattr(r, "path", None), str)))
     return app
 
 

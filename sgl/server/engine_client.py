@@ -180,6 +180,9 @@ class EngineClient:
         self.engine = engine
         self.metrics = metrics
         self.active: dict[str, float] = {}
+        # A non-stream request with n > 1 runs in the engine as "<rid>-<k>": an abort by its
+        # rid must reach those.
+        self._samples: dict[str, int] = {}
         self.tokenizer = engine.tokenizer
         self.vocab_size = len(self.tokenizer)
         self.context_length = int(getattr(engine, "context_length", None) or 2048)
@@ -276,12 +279,15 @@ class EngineClient:
     async def _generate_one(self, g: GenInput) -> Any:
         t0 = time.perf_counter()
         self.active[g.rid] = t0
+        if (n := int(g.sampling.get("n", 1))) > 1:
+            self._samples[g.rid] = n
         try:
             out = await self._start(g, stream=False)
         except (ValueError, TypeError) as e:
             raise bad_request(str(e)) from None
         finally:
             self.active.pop(g.rid, None)
+            self._samples.pop(g.rid, None)
         outs = out if isinstance(out, list) else [out]
         for o in outs:
             err = abort_chunk_error(o)
@@ -357,8 +363,10 @@ class EngineClient:
         return StreamHandle(first, it, g.rid, t0, time.perf_counter() - t0, self)
 
     def abort(self, rid: str) -> None:
-        with contextlib.suppress(Exception):
-            self.engine.abort(rid)
+        n = self._samples.get(rid, 1)
+        for engine_rid in [rid] if n == 1 else [f"{rid}-{k}" for k in range(n)]:
+            with contextlib.suppress(Exception):
+                self.engine.abort(engine_rid)
 
     def abort_all(self) -> int:
         rids = list(self.active)
