@@ -337,6 +337,30 @@ def test_a_page_missing_from_storage_is_written_again(tmp_path) -> None:
         tier.close()
 
 
+def test_clear_runs_in_order_with_the_writes_and_off_the_scheduler_thread(tmp_path) -> None:
+    """Writes queued before a clear are cleared; those after it survive, and are written
+    (the written set forgot the cleared pages). The caller gets a future, not a wait."""
+    import threading
+
+    nbytes = 32
+    store, tier = file_tier(tmp_path, nbytes, read_page=lambda page: bytes([page]) * nbytes)
+    cleared_on: list[str] = []
+    real_clear = store.clear
+    store.clear = lambda: (cleared_on.append(threading.current_thread().name), real_clear())[1]
+    try:
+        tier.write_through([(0, 21), (1, 22)])
+        done = tier.clear()
+        tier.write_through([(2, 23)])
+        assert done.result(timeout=10) is True
+        tier.write_through([(0, 21)])  # cleared, so written again
+        wait_until(lambda: tier.snapshot()["storage_pages_written"] >= 4)
+        assert cleared_on == ["sgl-hicache-writer"]
+        assert tier.snapshot()["storage_pages_written"] == 4
+        assert [store.exists([tier.key(h)]) for h in (21, 22, 23)] == [1, 0, 1]
+    finally:
+        tier.close()
+
+
 def test_prefetched_pages_are_bounded_and_freed_when_not_needed(tmp_path, monkeypatch) -> None:
     """Pages fetched for waiting requests stay under MAX_PREFETCHED_BYTES (a request past it
     recomputes the rest), and a match that needs nothing from storage (the device holds the

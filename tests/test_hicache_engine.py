@@ -64,6 +64,9 @@ def test_file_storage_survives_restart(tmp_path) -> None:
         d = second.generate(other, number)  # a constrained request looks storage up too
         info = second.get_server_info()
         assert second.clear_hicache_storage_backend()
+        assert second.flush_cache()  # device and host tiers: the prompt must come from storage or nowhere
+        e = second.generate(prompt, GREEDY)
+    assert e["meta_info"]["cached_tokens_details"]["storage"] == 0 and e["text"] == a["text"], e["meta_info"]
     assert b["text"] == a["text"] and d["text"] == c["text"]
     assert b["meta_info"]["cached_tokens_details"]["storage"] >= 0.9 * n_prompt, b["meta_info"]
     assert d["meta_info"]["cached_tokens_details"]["storage"] >= 0.9 * d["meta_info"]["prompt_tokens"], d["meta_info"]

@@ -468,13 +468,13 @@ class Scheduler:
         if self.pd is not None:
             self.pd.close()
 
-    def clear_hicache_storage(self) -> bool:
-        """Drop every page of the storage tier (this model's namespace); False when there is none."""
+    def clear_hicache_storage(self) -> Future | bool:
+        """Drop every page of the storage tier (this model's namespace): a future that ends
+        when they are gone (the clear runs off this thread), or False when there is none."""
         hc = self.kv.hicache
         if hc is None or hc.storage is None:
             return False
-        hc.storage.clear()
-        return True
+        return hc.storage.clear()
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and the current load as plain data (scheduler/snapshot.py)."""

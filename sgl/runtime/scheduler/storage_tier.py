@@ -23,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -63,7 +64,9 @@ class StorageTier:
         # lookup that finds one missing (evicted, deleted as corrupt) takes it out again, or
         # the chain would keep a hole at it for good (`exists` counts hits up to the first miss).
         self._written: set[int] = set()
-        self._writes: queue.Queue[tuple[list[str], list[bytes], list[int]] | None] = queue.Queue(MAX_QUEUED_WRITES)
+        # Write batches, and clears (in order with the writes). Bounded by count in
+        # write_through, not here, so that a clear always gets in.
+        self._writes: queue.Queue[tuple[list[str], list[bytes], list[int]] | Future[bool] | None] = queue.Queue()
         self._reads: queue.Queue[Prefetch | None] = queue.Queue()
         self._queued_bytes = 0  # frames in the write queue
         self._held_bytes = 0  # pages in Prefetch.pages not yet taken or forgotten
@@ -94,19 +97,13 @@ class StorageTier:
         frames = [self.store.frame(self.read_page(p)) for p, _ in todo]
         size = sum(len(f) for f in frames)
         with self._lock:
-            room = self._queued_bytes + size <= MAX_QUEUED_WRITE_BYTES
-            if room:
-                self._queued_bytes += size
-        try:
+            room = (self._queued_bytes + size <= MAX_QUEUED_WRITE_BYTES
+                    and self._writes.qsize() < MAX_QUEUED_WRITES)
             if not room:
-                raise queue.Full
-            self._writes.put_nowait((keys, frames, hashes))
-        except queue.Full:
-            with self._lock:
                 self.stats["storage_writes_dropped"] += len(keys)
-                if room:
-                    self._queued_bytes -= size
-            return
+                return
+            self._queued_bytes += size
+        self._writes.put_nowait((keys, frames, hashes))
         with self._lock:
             if len(self._written) > 1_000_000:
                 self._written.clear()
@@ -150,10 +147,13 @@ class StorageTier:
             p.cancelled = True
             self._held_bytes -= sum(len(g) for g in p.pages)
 
-    def clear(self) -> None:
-        self.store.clear()
-        with self._lock:
-            self._written.clear()
+    def clear(self) -> Future[bool]:
+        """Drop every page of this namespace. On the writer thread, so a large store never
+        holds up the scheduler, and in order with the writes queued before (those go too);
+        the future ends (True) with the clear."""
+        done: Future[bool] = Future()
+        self._writes.put_nowait(done)
+        return done
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -178,6 +178,9 @@ class StorageTier:
     # -- background threads ----------------------------------------------------------------
     def _write_loop(self) -> None:
         while (job := self._writes.get()) is not None:
+            if isinstance(job, Future):
+                self._clear(job)
+                continue
             keys, frames, hashes = job
             try:
                 ok = self.store.set_framed(keys, frames)
@@ -190,6 +193,16 @@ class StorageTier:
                 self.stats["storage_pages_written"] += sum(ok)
                 # payload bytes, as storage_bytes_loaded counts them
                 self.stats["storage_bytes_written"] += sum(len(f) - HEADER_SIZE for f, k in zip(frames, ok) if k)
+
+    def _clear(self, done: Future[bool]) -> None:
+        try:
+            self.store.clear()
+        except Exception as e:  # the caller hears of it; writing goes on
+            done.set_exception(e)
+            return
+        with self._lock:
+            self._written.clear()
+        done.set_result(True)
 
     def _read_loop(self) -> None:
         owed = False  # a request's lookup finished since the last wake

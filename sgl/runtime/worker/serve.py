@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import zmq
@@ -76,6 +77,8 @@ def inject_fault(scheduler: Any, point: str, once: bool) -> None:
 # Control calls the API process may make, by name: (scheduler, *args) -> plain value.
 CALLS: dict[str, Callable[..., Any]] = {
     "flush_cache": lambda s: bool(s.kv.flush()),
+    # A future (the clear runs on the storage writer thread) that ends in True, or False:
+    # a call may hand its work on this way, and the reply waits for it.
     "clear_hicache_storage": lambda s: s.clear_hicache_storage(),
     "snapshot": lambda s: {**s.snapshot(), "cpu_decode_steps": _cpu_decode_steps(s), **_quantization(s),
                            "cpu_paths": _cpu_paths(s)},
@@ -221,8 +224,11 @@ class Serve:
             return
         fut = self.scheduler.call(fn)
 
-        def done(f: Any) -> None:
+        def done(f: Future) -> None:
             err = f.exception()
+            if err is None and isinstance(f.result(), Future):  # work handed on to another thread
+                f.result().add_done_callback(done)
+                return
             self.outbox.reply(Reply(msg.call_id, None if err else f.result(),
                                     None if err is None else f"{type(err).__name__}: {err}"))
         fut.add_done_callback(done)
