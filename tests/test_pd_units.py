@@ -494,3 +494,33 @@ def test_an_idle_decode_connection_is_closed_and_reopened_when_pulled_again():
     finally:
         receiver.close()
         sender.close()
+
+
+def test_a_prefill_drops_messages_whose_sender_is_not_the_connection_they_came_on():
+    import zmq
+
+    port = free_port()
+    sender = TcpKVSender("127.0.0.1", port, lambda: None)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"127.0.0.1:3|7")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        h = tokens_hash([1, 2, 3, 4])
+        sock.send(encode(Cancel(9, "127.0.0.1:4", 1, "spoofed")))  # speaks for another decode worker
+        sock.send(encode(Pull(9, 0, 4, h, "127.0.0.1:3", 6)))  # its own name, another incarnation
+        sock.send(encode(Pull(8, 0, 4, h, "127.0.0.1:3", 7)))  # its own
+        got: list[Any] = []
+        for _ in range(1000):  # a bound on waiting, not a timing assertion
+            got += sender.poll()
+            if got:
+                break
+            time.sleep(0.01)
+        time.sleep(0.2)  # nothing else follows
+        got += sender.poll()
+        assert [(type(e.msg).__name__, e.msg.room, e.peer) for e in got] == [("Pull", 8, b"127.0.0.1:3|7")]
+    finally:
+        sock.close()
+        ctx.term()
+        sender.close()

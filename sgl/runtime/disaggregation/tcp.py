@@ -40,6 +40,11 @@ POLL_MS = 200
 CONTROL_MAX_BYTES = 1 << 20  # what a prefill accepts in one message: Pull / Cancel are tiny
 
 
+def peer_identity(decode_id: str, incarnation: int) -> bytes:
+    """A decode DEALER's ZMQ identity: replies reach this incarnation only."""
+    return f"{decode_id}|{incarnation}".encode()
+
+
 def _watch_peer(sock: zmq.Socket) -> None:
     """Notice a peer that vanished without a word (a killed host, a NAT that dropped an idle
     connection): ZMTP heartbeats close the connection after ~15 s of silence (the decode's
@@ -165,6 +170,12 @@ class TcpKVSender(_IOThread):
             except Exception:
                 log.warning("dropping an undecodable PD message", exc_info=True)
                 continue
+            if frames[0] != peer_identity(msg.decode_id, msg.incarnation):
+                # Replies go to the connection's identity; rooms are keyed by the message's
+                # sender: a peer may only speak for itself (no cancelling another's rooms).
+                log.warning("dropping a PD %s from %r that names %s|%d as its sender", type(msg).__name__,
+                            frames[0][:80], msg.decode_id[:80], msg.incarnation)
+                continue
             self.events.put(PullReceived(frames[0], msg))
             got = True
         if got:
@@ -200,7 +211,7 @@ class TcpKVReceiver(_IOThread):
         under new addresses; each open one would reconnect forever). Give it more than the
         longest a pulled room may wait, so no awaited reply can arrive after."""
         super().__init__(zmq.Context(), "sgl-pd-receiver")
-        self.identity = f"{decode_id}|{incarnation}".encode()
+        self.identity = peer_identity(decode_id, incarnation)
         self.wake = wake
         self.idle_close_s = idle_close_s
         # touched by the I/O thread only
