@@ -21,7 +21,7 @@ from sgl.runtime.kernels.cpu.linear import Fp32Weight, fp32_weight, linear
 from sgl.runtime.models.llama import tiny_config, tiny_random_model
 from sgl.runtime.tuning import cache as tcache
 from sgl.runtime.tuning import host_load, measure
-from sgl.runtime.tuning.calibrate import choose_paths
+from sgl.runtime.tuning.calibrate import MARGIN, choose_paths, fastest
 
 # Rows of the C step the flag tests ask for: 16 where the build takes them (AVX2), else the
 # build's limit (8 on AVX-512), so the same tests hold on every host.
@@ -411,3 +411,12 @@ def test_one_start_at_a_time_holds_the_calibration_lock(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_candidate_replaces_the_default_only_when_clearly_faster():
+    names = ["torch", "cpu"]
+    assert fastest(names, {"torch": 10.0, "cpu": 10.0 * (1 - MARGIN / 2)}) == "torch"  # within the noise
+    assert fastest(names, {"torch": 10.0, "cpu": 10.0 * (1 - 2 * MARGIN)}) == "cpu"
+    assert fastest(names, {"torch": 10.0, "cpu": 12.0}) == "torch"
+    assert fastest(names, {"cpu": 3.0}) == "cpu"  # the default could not be timed
+    assert fastest(["bf16", "fp32", "gguf"], {"bf16": 10.0, "fp32": 9.0, "gguf": 9.6}) == "fp32"

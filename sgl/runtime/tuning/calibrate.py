@@ -29,6 +29,10 @@ from sgl.runtime.tuning.choice import PathChoice
 log = logging.getLogger("sgl.tuning")
 
 ROW_CANDIDATES = (8, 16, 32)  # C decode step row limits tried (within the build's limit)
+# Another candidate must beat the default (the first) by this share: a 3-repeat median
+# moves by a few percent between starts, and picks that flip on noise make one host's
+# runs incomparable for no gain.
+MARGIN = 0.05
 FP32_CHECKS = "fp32_linear_checks"  # cache item: weight shape -> rows the fp32 path pads to (0: unusable)
 
 
@@ -100,7 +104,7 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
             elif torch.get_num_threads() < 2:
                 picks["decode_threads"], sources["decode_threads"] = 1, "only"
             else:
-                session.decide("decode_threads", "decode_threads", ["1", "2"],
+                session.decide("decode_threads", "decode_threads", ["2", "1"],  # default first
                                lambda: timers.decode_threads(model, kernels), picks, sources, int)
         if picks["decode_max_rows"] is None:
             rows = [n for n in ROW_CANDIDATES if n <= limit]
@@ -159,7 +163,7 @@ class _Session:
             if timings is None:  # the timing failed: the first candidate, today's default
                 picks[item], sources[item] = cast(candidates[0]), "default"
                 return
-            value = min(candidates, key=lambda k: timings.get(k, float("inf")))
+            value = fastest(candidates, timings)
             self._store(name, item, value, timings, sources)
         picks[item] = cast(value)
 
@@ -193,6 +197,13 @@ class _Session:
                 value = n
             self._store(name, item, value, timings, sources)
         picks[item] = value
+
+
+def fastest(candidates: list[str], timings: dict[str, float]) -> str:
+    """The fastest candidate, where it beats the first (the default) by more than MARGIN."""
+    best = min(candidates, key=lambda k: timings.get(k, float("inf")))
+    return best if timings.get(best, float("inf")) < (1 - MARGIN) * timings.get(candidates[0], float("inf")) \
+        else candidates[0]
 
 
 def _c_attention_applies(model: Any) -> bool:
