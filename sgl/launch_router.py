@@ -11,6 +11,7 @@ requests finish for a few seconds.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 
@@ -52,6 +53,13 @@ def parse(argv: list[str] | None = None) -> RouterConfig:
     return cfg
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(argv)
     level = "warning" if cfg.log_level == "warn" else cfg.log_level
@@ -75,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         log.info("router (%s) on http://%s:%d in front of %d worker(s)", cfg.policy, cfg.host, cfg.port,
                  len(cfg.worker_urls))
+    if not cfg.api_key and not _loopback(cfg.host):
+        log.warning("the router listens on %s without --api-key: anyone who reaches it can add workers "
+                    "(/add_worker) and send it requests", cfg.host)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=level, access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECS)
 
