@@ -465,6 +465,15 @@ def test_a_pull_for_a_room_the_prefill_already_dropped_fails_at_once():
         pr.close()
 
 
+def first_events(side: Any) -> list[Any]:
+    """The first non-empty poll of a transport side (waits up to ~10 s for it)."""
+    for _ in range(1000):  # a bound on waiting, not a timing assertion
+        if got := side.poll():
+            return got
+        time.sleep(0.01)
+    return []
+
+
 def test_an_idle_decode_connection_is_closed_and_reopened_when_pulled_again():
     port = free_port()
     sender = TcpKVSender("127.0.0.1", port, lambda: None)
@@ -473,13 +482,7 @@ def test_an_idle_decode_connection_is_closed_and_reopened_when_pulled_again():
 
     def pulled(room: int) -> None:
         receiver.pull(addr, Pull(room, 0, 4, tokens_hash([1, 2, 3, 4]), "127.0.0.1:2", 1))
-        got: list[Any] = []
-        for _ in range(1000):  # a bound on waiting, not a timing assertion
-            got += sender.poll()
-            if got:
-                break
-            time.sleep(0.01)
-        assert [(type(e).__name__, e.msg.room) for e in got] == [("PullReceived", room)]
+        assert [(type(e).__name__, e.msg.room) for e in first_events(sender)] == [("PullReceived", room)]
 
     try:
         pulled(1)
@@ -511,12 +514,7 @@ def test_a_prefill_drops_messages_whose_sender_is_not_the_connection_they_came_o
         sock.send(encode(Cancel(9, "127.0.0.1:4", 1, "spoofed")))  # speaks for another decode worker
         sock.send(encode(Pull(9, 0, 4, h, "127.0.0.1:3", 6)))  # its own name, another incarnation
         sock.send(encode(Pull(8, 0, 4, h, "127.0.0.1:3", 7)))  # its own
-        got: list[Any] = []
-        for _ in range(1000):  # a bound on waiting, not a timing assertion
-            got += sender.poll()
-            if got:
-                break
-            time.sleep(0.01)
+        got = first_events(sender)
         time.sleep(0.2)  # nothing else follows
         got += sender.poll()
         assert [(type(e.msg).__name__, e.msg.room, e.peer) for e in got] == [("Pull", 8, b"127.0.0.1:3|7")]
