@@ -55,7 +55,7 @@ def parse(argv: list[str] | None = None) -> RouterConfig:
 
 def _loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return host == "localhost"
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sgl.radix import RadixTree
+from sgl.runtime.disaggregation import idle_close_s
 from sgl.runtime.disaggregation.decode import DecodeRole
 from sgl.runtime.disaggregation.prefill import PrefillRole
 from sgl.runtime.disaggregation.protocol import (Bootstrap, Cancel, Failed, KVLayout, KVReady, Pull,
@@ -137,7 +138,7 @@ class Pair:
             old.pd.receiver.close()
         self.d, pool = scheduler()
         inc = time.time_ns()
-        receiver = TcpKVReceiver("127.0.0.1:1", inc, self.d.wake, self.timeout + 60)
+        receiver = TcpKVReceiver("127.0.0.1:1", inc, self.d.wake, idle_close_s(self.timeout))
         self.d.attach_pd(DecodeRole(receiver, pool, self.timeout, "127.0.0.1:1", inc))
 
     def close(self) -> None:
@@ -477,7 +478,7 @@ def first_events(side: Any) -> list[Any]:
 def test_an_idle_decode_connection_is_closed_and_reopened_when_pulled_again():
     port = free_port()
     sender = TcpKVSender("127.0.0.1", port, lambda: None)
-    receiver = TcpKVReceiver("127.0.0.1:2", 1, lambda: None, idle_close_s=0.3)
+    receiver = TcpKVReceiver("127.0.0.1:2", 1, lambda: None, idle_close_s=2.0)  # > a connect on a busy host
     addr = ("127.0.0.1", port)
 
     def pulled(room: int) -> None:

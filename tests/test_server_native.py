@@ -177,6 +177,7 @@ def test_metrics_and_access_log(srv, http):
     assert any(x["status"] == 401 for x in lines)
     for path in ("/scanner-probe-1", "/scanner-probe-2"):  # refused before routing (no key)
         assert httpx.get(srv.url + path).status_code == 401
+    assert httpx.post(srv.url + "/generate", json={"text": "hi"}).status_code == 401
     text = http.get("/metrics").text
     assert "scanner-probe" not in text and re.search(r'sgl_http_requests_total\{path="unmatched",status="401"\}', text)
     assert re.search(r'sgl_http_requests_total\{path="/generate",status="401"\}', text)  # a known path keeps its name

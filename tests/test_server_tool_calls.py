@@ -104,3 +104,9 @@ def test_required_schema_keeps_each_tools_refs_pointing_into_its_own_parameters(
         jsonschema.validate({"name": "tree", "arguments": {"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}}, schema)
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({"name": "tree", "arguments": {"kids": [{"kids": 1}]}}, schema)
+
+
+def test_rebasing_leaves_anchors_and_data_alone_and_reaches_draft7_dependencies():
+    schema = {"$ref": "#node", "dependencies": {"default": {"$ref": "#/$defs/A"}}, "enum": [{"$ref": "#/x"}]}
+    assert tool_calls._rebase_refs(schema, "/p") == {
+        "$ref": "#node", "dependencies": {"default": {"$ref": "#/p/$defs/A"}}, "enum": [{"$ref": "#/x"}]}

@@ -131,6 +131,14 @@ def test_sampled_verification_is_reproducible_with_a_seed() -> None:
     assert outs[0] == outs[1]
 
 
+def test_a_sampled_row_whose_distribution_overflows_verifies_as_greedy() -> None:
+    # logits / 1e-39 overflows to inf and the probabilities to NaN: multinomial refuses them
+    logits = greedy_logits([2, 7, 4, 5])
+    spec = SampleSpec(params=SamplingParams(temperature=1e-39), draft_ids=[2, 7, 1])
+    r = verify(logits.clone(), spec, torch.Generator().manual_seed(0))
+    assert [x.token_id for x in r.accepted] + [r.token_id] == [2, 7, 4]
+
+
 def req(uid: int, toks: list[int]) -> SimpleNamespace:
     return SimpleNamespace(uid=uid, fill_ids=toks)
 

@@ -21,12 +21,13 @@ import asyncio
 import faulthandler
 import logging
 import queue
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from sgl.runtime.config import EngineConfig
-from sgl.runtime.engine_io import ReqSpec, normalize, to_result
+from sgl.runtime.engine_io import ReqSpec, is_sample_of, normalize, to_result
 from sgl.runtime.ipc.messages import Request
 from sgl.runtime.scheduler.req import ReqOutput
 
@@ -34,6 +35,8 @@ log = logging.getLogger("sgl.engine")
 
 # How often a waiting caller checks that the workers are still alive.
 LIVENESS_POLL_S = 0.5
+# A storage clear waits on the backend (a directory walk, a Redis SCAN): bounded, never a hang.
+STORAGE_CLEAR_LIMIT_S = 600.0
 
 
 class SchedulerCrashedError(RuntimeError):
@@ -101,14 +104,18 @@ class Engine:
         finally:
             task.cancel()
 
-    def _call(self, name: str, *args: Any) -> Any:
-        """Run a named control call in the worker and return its value; raise if it dies."""
+    def _call(self, name: str, *args: Any, limit_s: float | None = None) -> Any:
+        """Run a named control call in the worker and return its value; raise if it dies, or
+        TimeoutError past `limit_s` (the call may still finish)."""
         fut = self.workers.call(name, *args)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
         while True:
             try:
                 return fut.result(timeout=LIVENESS_POLL_S)
             except FutureTimeout:
                 self.check_alive()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the worker's {name} did not finish in {limit_s:g} s") from None
             except Exception:
                 self.check_alive()  # a death is reported as such, not as the call's failure
                 raise
@@ -226,14 +233,16 @@ class Engine:
 
     # -- control ------------------------------------------------------------------------
     def abort(self, rid: str) -> None:
-        self.workers.abort(rid)
+        """Abort request `rid`, and the samples of an n > 1 request given that rid."""
+        for r in [rid] + [r for r in self.workers.active_rids() if is_sample_of(r, rid)]:
+            self.workers.abort(r)
 
     def flush_cache(self) -> bool:
         return bool(self._call("flush_cache"))
 
     def clear_hicache_storage_backend(self) -> bool:
         """Drop the storage tier's pages of this model (flush_cache leaves them); False without one."""
-        return bool(self._call("clear_hicache_storage"))
+        return bool(self._call("clear_hicache_storage", limit_s=STORAGE_CLEAR_LIMIT_S))
 
     def get_server_info(self) -> dict[str, Any]:
         info = self._call("snapshot")

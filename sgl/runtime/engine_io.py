@@ -93,13 +93,23 @@ def normalize(
             # Seeded samples differ: sample k takes seed + k (as the server's streamed n does)
             own = params if params.seed is None or params.n == 1 else replace(params, seed=params.seed + k)
             specs.append(ReqSpec(
-                rid=base_rid if params.n == 1 else f"{base_rid}-{k}",
+                rid=base_rid if params.n == 1 else sample_rid(base_rid, k),
                 input_ids=list(ids), params=own, return_logprob=bool(lp_list[i]),
                 logprob_start_len=start if lp_list[i] else -1, top_logprobs_num=top if lp_list[i] else 0,
                 return_text_in_logprobs=return_text_in_logprobs,
                 bootstrap=rooms[i][k] if rooms is not None else None,
             ))
     return specs, is_batch or (len(specs) > 1)
+
+
+def sample_rid(rid: str, k: int) -> str:
+    """The rid sample k of an n > 1 request runs under (here and in the server's streamed n)."""
+    return f"{rid}-{k}"
+
+
+def is_sample_of(candidate: str, rid: str) -> bool:
+    head, sep, k = candidate.rpartition("-")
+    return bool(sep) and head == rid and k.isdigit()
 
 
 def _with_text(tokenizer: Any, entries: list | None) -> list | None:

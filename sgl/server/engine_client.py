@@ -29,6 +29,7 @@ from fastapi.responses import StreamingResponse
 
 from sgl.runtime.constrained.kinds import CONSTRAINT_KINDS
 from sgl.runtime.engine import SchedulerCrashedError
+from sgl.runtime.engine_io import sample_rid
 from sgl.runtime.lru import LRU
 from sgl.runtime.sampling_params import ALIASES, SamplingParams, regex_problem
 from sgl.server.errors import APIError, ClientDisconnected, bad_request
@@ -163,7 +164,7 @@ def split_n(g: GenInput) -> list[GenInput]:
         sp = dict(g.sampling, n=1)
         if sp.get("seed") is not None:
             sp["seed"] = sp["seed"] + j
-        out.append(GenInput(g.text, g.input_ids, sp, f"{g.rid}-{j}", g.return_logprob, g.logprob_start_len,
+        out.append(GenInput(g.text, g.input_ids, sp, sample_rid(g.rid, j), g.return_logprob, g.logprob_start_len,
                             g.top_logprobs_num, g.num_prompt_tokens,
                             None if g.bootstrap is None else [g.bootstrap[j]]))
     return out
@@ -180,9 +181,6 @@ class EngineClient:
         self.engine = engine
         self.metrics = metrics
         self.active: dict[str, float] = {}
-        # A non-stream request with n > 1 runs in the engine as "<rid>-<k>": an abort by its
-        # rid must reach those.
-        self._samples: dict[str, int] = {}
         self.tokenizer = engine.tokenizer
         self.vocab_size = len(self.tokenizer)
         self.context_length = int(getattr(engine, "context_length", None) or 2048)
@@ -279,15 +277,12 @@ class EngineClient:
     async def _generate_one(self, g: GenInput) -> Any:
         t0 = time.perf_counter()
         self.active[g.rid] = t0
-        if (n := int(g.sampling.get("n", 1))) > 1:
-            self._samples[g.rid] = n
         try:
             out = await self._start(g, stream=False)
         except (ValueError, TypeError) as e:
             raise bad_request(str(e)) from None
         finally:
             self.active.pop(g.rid, None)
-            self._samples.pop(g.rid, None)
         outs = out if isinstance(out, list) else [out]
         for o in outs:
             err = abort_chunk_error(o)
@@ -363,10 +358,9 @@ class EngineClient:
         return StreamHandle(first, it, g.rid, t0, time.perf_counter() - t0, self)
 
     def abort(self, rid: str) -> None:
-        n = self._samples.get(rid, 1)
-        for engine_rid in [rid] if n == 1 else [f"{rid}-{k}" for k in range(n)]:
-            with contextlib.suppress(Exception):
-                self.engine.abort(engine_rid)
+        """The request, or every sample of an n > 1 one (the engine finds them by rid)."""
+        with contextlib.suppress(Exception):
+            self.engine.abort(rid)
 
     def abort_all(self) -> int:
         rids = list(self.active)

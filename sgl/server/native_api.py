@@ -287,7 +287,10 @@ async def flush_cache(request: Request) -> Response:
 
 async def clear_hicache_storage_backend(request: Request) -> Any:
     """Drop the hierarchical cache's storage tier pages of this model (SGLang's route)."""
-    ok = await asyncio.to_thread(request.app.state.engine.clear_hicache_storage_backend)
+    try:
+        ok = await asyncio.to_thread(request.app.state.engine.clear_hicache_storage_backend)
+    except TimeoutError as e:
+        raise APIError(f"{e} (a hung storage backend?); it may still finish", 504) from None
     if not ok:
         raise APIError("no storage tier: start with --enable-hierarchical-cache --hicache-storage-backend", 400)
     return "Hierarchical cache storage backend cleared."
@@ -299,9 +302,6 @@ async def abort_request(req: AbortRequest, request: Request) -> Response:
         client.abort_all()
     elif req.rid:
         client.abort(req.rid)
-        # n > 1 streams run as "<rid>-<j>" sub-requests.
-        for rid in [r for r in client.active if r.startswith(req.rid + "-")]:
-            client.abort(rid)
     else:
         raise bad_request("give rid or abort_all", "rid")
     return Response(status_code=200)

@@ -77,7 +77,8 @@ def constraint_schema(tools: list[dict[str, Any]], choice: Any) -> tuple[str, st
 # Keywords whose values are data, not schemas: a {"$ref": ...} inside them is not a reference.
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 # Keywords mapping names to schemas: a property may be called "const" or "$ref".
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                          "dependencies"})
 
 
 def _rebase_refs(schema: Any, prefix: str) -> Any:
@@ -90,7 +91,7 @@ def _rebase_refs(schema: Any, prefix: str) -> Any:
         return schema
     out: dict[str, Any] = {}
     for k, v in schema.items():
-        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):  # not "#anchor"
             out[k] = "#" + prefix + v[1:]
         elif k in _DATA_KEYWORDS:
             out[k] = v

@@ -38,6 +38,12 @@ def default_worker_id(mode: str, host: str | None, port: int | None) -> str:
     return f"{name}:{port if port is not None else 'pid' + str(os.getpid())}"
 
 
+def idle_close_s(timeout: float) -> float:
+    """How long a decode's connection to a prefill may sit idle before it is closed: past
+    every room's deadline (`timeout` from arrival; each pull is sent after arrival)."""
+    return timeout + 60.0
+
+
 def build_role(cfg: Any, pool: Any, wake: Any) -> Any:
     """The role for cfg.disaggregation_mode over `pool` (None when "null"); `wake()`
     nudges the scheduler loop when the transport has news."""
@@ -56,6 +62,5 @@ def build_role(cfg: Any, pool: Any, wake: Any) -> Any:
     from sgl.runtime.disaggregation.tcp import TcpKVReceiver
 
     incarnation = time.time_ns()
-    # Idle past every room's deadline (each pull is sent after its request arrived).
-    receiver = TcpKVReceiver(worker_id, incarnation, wake, idle_close_s=cfg.disaggregation_timeout + 60.0)
+    receiver = TcpKVReceiver(worker_id, incarnation, wake, idle_close_s=idle_close_s(cfg.disaggregation_timeout))
     return DecodeRole(receiver, pool, cfg.disaggregation_timeout, worker_id, incarnation)

@@ -134,6 +134,7 @@ class TcpKVSender(_IOThread):
             raise RuntimeError(f"the prefill worker could not bind its bootstrap socket on {host}:{port} "
                                f"(--disaggregation-bootstrap-port): {e}") from None
         self._in_flight: list[tuple[Any, Any]] = []  # (tracker, buffer owner) until ZMQ is done with it
+        self._mismatched = 0  # messages dropped for naming another sender than their connection
         self.thread.start()
 
     def poll(self) -> list[PullReceived | SendDone]:
@@ -171,10 +172,13 @@ class TcpKVSender(_IOThread):
                 log.warning("dropping an undecodable PD message", exc_info=True)
                 continue
             if frames[0] != peer_identity(msg.decode_id, msg.incarnation):
-                # Replies go to the connection's identity; rooms are keyed by the message's
-                # sender: a peer may only speak for itself (no cancelling another's rooms).
-                log.warning("dropping a PD %s from %r that names %s|%d as its sender", type(msg).__name__,
-                            frames[0][:80], msg.decode_id[:80], msg.incarnation)
+                # A consistency check, not authentication (a peer picks its own identity):
+                # replies go to the connection, rooms are keyed by the named sender, and the
+                # two must agree, so a confused peer cannot cancel another's rooms.
+                self._mismatched += 1
+                if self._mismatched <= 10:  # a misbehaving peer must not flood the log
+                    log.warning("dropping a PD %s from %r that names %s|%d as its sender", type(msg).__name__,
+                                frames[0][:80], msg.decode_id[:80], msg.incarnation)
                 continue
             self.events.put(PullReceived(frames[0], msg))
             got = True

@@ -61,13 +61,9 @@ def sample(logits: torch.Tensor, rows: list[SampleSpec], generators: list[torch.
     if sampled:
         probs = sampling_probs(logits[torch.tensor(sampled)], [rows[i].params for i in sampled])
         for j, i in enumerate(sampled):
-            try:
-                out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
-            except RuntimeError:
-                # A temperature so small (1e-39) or a penalty so strong that logits / t
-                # overflows leaves NaN or no mass: multinomial refuses it, and that row
-                # keeps its argmax (the limit it tends to) instead of failing the batch.
-                pass
+            token = draw(probs[j], generators[i])
+            if token is not None:  # else the row keeps its argmax
+                out[i] = token
 
     res = [RowResult(token_id=t) for t in out.tolist()]
     if raw_lp is not None:
@@ -77,6 +73,17 @@ def sample(logits: torch.Tensor, rows: list[SampleSpec], generators: list[torch.
                 res[i].top_logprobs = top_logprobs(raw_lp[j], rows[i].top_logprobs_num)
     return res
 
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int | None:
+    """One token from a row of probabilities, or None where multinomial refuses the row: a
+    temperature so small (1e-39) or a penalty so strong that logits / t overflowed leaves
+    NaN or no mass. The caller then takes the argmax (the limit it tends to) instead of
+    failing the whole batch."""
+    try:
+        return int(torch.multinomial(probs, 1, generator=generator)[0])
+    except RuntimeError:
+        return None
 
 def apply_banned(logits: torch.Tensor, rows: list[SampleSpec]) -> None:
     """Forbid each row's `banned` ids (eos / stop ids before min_new_tokens), unless the

@@ -468,7 +468,7 @@ class Scheduler:
         if self.pd is not None:
             self.pd.close()
 
-    def clear_hicache_storage(self) -> Future | bool:
+    def clear_hicache_storage(self) -> Future[bool] | bool:
         """Drop every page of the storage tier (this model's namespace): a future that ends
         when they are gone (the clear runs off this thread), or False when there is none."""
         hc = self.kv.hicache

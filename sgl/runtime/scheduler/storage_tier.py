@@ -18,7 +18,6 @@ so a request only ever loses its hit, never fails.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -103,11 +102,11 @@ class StorageTier:
                 self.stats["storage_writes_dropped"] += len(keys)
                 return
             self._queued_bytes += size
-        self._writes.put_nowait((keys, frames, hashes))
-        with self._lock:
+            # Marked before the writer can see the batch: a failed write unmarks it after.
             if len(self._written) > 1_000_000:
                 self._written.clear()
             self._written.update(hashes)
+        self._writes.put_nowait((keys, frames, hashes))
 
     def start_prefetch(self, uid: int, hashes: list[int], start: int) -> None:
         if start >= len(hashes):
@@ -152,6 +151,8 @@ class StorageTier:
         holds up the scheduler, and in order with the writes queued before (those go too);
         the future ends (True) with the clear."""
         done: Future[bool] = Future()
+        with self._lock:  # now, not when the clear runs: pages stored meanwhile must be written again
+            self._written.clear()
         self._writes.put_nowait(done)
         return done
 
@@ -168,10 +169,9 @@ class StorageTier:
         return out
 
     def close(self) -> None:
-        with contextlib.suppress(queue.Full):  # a writer stuck on a hung backend: daemon, left behind
-            self._writes.put(None, timeout=5)
+        self._writes.put(None)
         self._reads.put(None)
-        for t in self._threads:
+        for t in self._threads:  # a thread stuck on a hung backend is a daemon: left behind
             t.join(timeout=5)
         self.store.close()
 
@@ -195,13 +195,13 @@ class StorageTier:
                 self.stats["storage_bytes_written"] += sum(len(f) - HEADER_SIZE for f, k in zip(frames, ok) if k)
 
     def _clear(self, done: Future[bool]) -> None:
+        if not done.set_running_or_notify_cancel():
+            return
         try:
             self.store.clear()
         except Exception as e:  # the caller hears of it; writing goes on
             done.set_exception(e)
             return
-        with self._lock:
-            self._written.clear()
         done.set_result(True)
 
     def _read_loop(self) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from sgl.runtime.constrained.masks import allocate_masks, apply_masks
 from sgl.runtime.executor.plan import RowResult, SampleSpec
-from sgl.runtime.executor.sampler import apply_banned, apply_penalties, sampling_probs, top_logprobs
+from sgl.runtime.executor.sampler import apply_banned, apply_penalties, draw, sampling_probs, top_logprobs
 
 
 def _fill_grammar_rows(grammar: object, drafts: list[int], masks: torch.Tensor) -> None:
@@ -69,14 +69,15 @@ def verify(logits: torch.Tensor, spec: SampleSpec, generator: torch.Generator | 
         apply_masks(logits, view, range(n))
     apply_banned(logits, specs)
 
-    if spec.params.is_greedy:
+    tokens = None
+    if not spec.params.is_greedy:
+        tokens = _rejection_sample(sampling_probs(logits, [spec.params] * n), drafts, generator)
+    if tokens is None:  # greedy, or a sampled distribution that broke down (sampler.draw)
         choice = torch.argmax(logits, dim=-1).tolist()
         a = 0
         while a < k and choice[a] == drafts[a]:
             a += 1
         tokens = drafts[:a] + [int(choice[a])]
-    else:
-        tokens = _rejection_sample(sampling_probs(logits, [spec.params] * n), drafts, generator)
 
     results = [RowResult(token_id=t) for t in tokens]
     if raw_lp is not None:
@@ -89,7 +90,9 @@ def verify(logits: torch.Tensor, spec: SampleSpec, generator: torch.Generator | 
     return last
 
 
-def _rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:
+def _rejection_sample(probs: torch.Tensor, drafts: list[int],
+                      generator: torch.Generator | None) -> list[int] | None:
+    """Accepted drafts and one drawn token; None where a row's distribution broke down."""
     out: list[int] = []
     for j, d in enumerate(drafts):
         p = probs[j]
@@ -101,7 +104,7 @@ def _rejection_sample(probs: torch.Tensor, drafts: list[int], generator: torch.G
         if float(rest.sum()) <= 0.0:  # p(d) == 1 up to rounding: d is the only choice
             out.append(d)
             continue
-        out.append(int(torch.multinomial(rest, 1, generator=generator)[0]))
-        return out
-    out.append(int(torch.multinomial(probs[len(drafts)], 1, generator=generator)[0]))
-    return out
+        token = draw(rest, generator)
+        return None if token is None else [*out, token]
+    token = draw(probs[len(drafts)], generator)
+    return None if token is None else [*out, token]

@@ -104,7 +104,9 @@ def choose_paths(cfg: EngineConfig, model: Any, device: str, tp_size: int = 1, t
             elif torch.get_num_threads() < 2:
                 picks["decode_threads"], sources["decode_threads"] = 1, "only"
             else:
-                session.decide("decode_threads", "decode_threads", ["2", "1"],  # default first
+                default = default_threads()  # the first candidate: the one the margin keeps
+                session.decide("decode_threads", "decode_threads",
+                               [str(default)] + [t for t in ("1", "2") if t != str(default)],
                                lambda: timers.decode_threads(model, kernels), picks, sources, int)
         if picks["decode_max_rows"] is None:
             rows = [n for n in ROW_CANDIDATES if n <= limit]

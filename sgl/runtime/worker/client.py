@@ -125,6 +125,10 @@ class WorkerClient:
             return
         self._send(Generate(reqs))
 
+    def active_rids(self) -> list[str]:
+        """The rids whose outputs are still awaited."""
+        return list(self._tracks)
+
     def abort(self, rid: str) -> None:
         if self.crash_reason is None and not self._closing:
             self._send(Abort(rid))
