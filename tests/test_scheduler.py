@@ -236,6 +236,48 @@ def test_mixed_chunk_decodes_during_prefill(num_slots: int, executor: str) -> No
     assert_all_free(s)
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_prompts_that_fit_the_pool_only_one_at_a_time_all_finish_when_chunked(seed: int, mixed: bool) -> None:
+    # Each prompt + output fits the pool alone, two do not: admitting a second chunked
+    # prompt for its first chunk only used to leave both stuck (or abort a running one).
+    s, _ = make(num_slots=100, chunk=16, mixed=mixed, max_running=8)
+    results: dict[str, ReqOutput] = {}
+    rng = random.Random(seed)
+    prompts = {f"c{i}": [rng.randrange(3, 60) for _ in range(rng.randrange(40, 90))] for i in range(4)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, 100 - len(p) - rng.randrange(0, 4), results)
+    run_all(s)
+    for rid, p in prompts.items():
+        assert results[rid].meta_info["finish_reason"]["type"] == "length", results[rid].meta_info
+        assert results[rid].output_ids == expected_output(p, len(results[rid].output_ids))
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_chunked_prompt_gives_way_to_a_running_request_that_outgrew_its_reserve(executor: str) -> None:
+    # R fits the pool alone; P was admitted with R's decode reserve at its floor, and R's
+    # decode then grows into the room P's later chunks need. P goes back to the queue (its
+    # prompt logprobs recomputed once); R is not aborted as too big for the pool.
+    s, _ = make(num_slots=100, chunk=2, mixed=True, max_running=4, executor=executor)
+    results: dict[str, ReqOutput] = {}
+    submit(s, "R", [3, 4, 5, 6], 90, results)
+    for _ in range(4):
+        s.step()
+    assert [r.rid for r in s.running] == ["R"]
+    s.new_token_ratio = 0.1  # as after a long run without retractions
+    p_prompt = [3 + (i * 7) % 50 for i in range(70)]
+    s.submit(Req(rid="P", input_ids=p_prompt, params=SamplingParams.from_dict({"max_new_tokens": 2, "temperature": 0}),
+                 return_logprob=True, logprob_start_len=0, on_output=lambda o: results.__setitem__(o.rid, o)))
+    run_all(s)
+    assert results["R"].meta_info["finish_reason"] == {"type": "length", "length": 90}
+    assert results["R"].output_ids == expected_output([3, 4, 5, 6], 90)
+    assert results["P"].output_ids == expected_output(p_prompt, 2)
+    assert [t for _, t, _ in results["P"].meta_info["input_token_logprobs"]] == p_prompt
+    assert s.stats["num_retractions_total"] >= 1
+    assert_all_free(s)
+
+
 def assert_plain(x: Any, path: str = "plan") -> None:
     """Only ints, floats, strings, lists, tuples and dataclasses of them (the grammar aside)."""
     if x is None or isinstance(x, (bool, int, float, str)):

@@ -2,8 +2,9 @@
 of their tokens (chunked prefill) this step computes.
 
 A request is admitted when a request->token row is free, the running set has room,
-and its new tokens fit in the KV pool (free + evictable) beyond a reserve kept for the
-running requests' future decode tokens. Slots are allocated here, so each admission
+and the rest of its prompt, with the rest of every prompt being chunked, fits in the KV
+pool (free + evictable) beyond a reserve kept for the running requests' future decode
+tokens. Slots are allocated here, so each admission
 sees the pool as the previous one left it. A waiting request that shares a long uncached
 prefix with one admitted in the same batch is deferred one step: after that step the
 prefix is in the tree and it is reused instead of computed twice (n>1, forks, batches).
@@ -81,8 +82,14 @@ def schedule_prefill(
         if _shares_uncached_prefix(req, matched + hit.num_tokens, admitted):
             _unlock(kv, req)
             continue
-        n = min(req.fill_len - matched - hit.num_tokens, lim.chunk_size, budget)
-        if kv.available() < hit.num_tokens + n + lim.decode_reserve and (plan or num_running):
+        rest = req.fill_len - matched - hit.num_tokens
+        n = min(rest, lim.chunk_size, budget)
+        # Room for the whole rest of its prompt and of every prompt being chunked, not only
+        # this chunk: two chunked prompts that fit the pool only one at a time would each
+        # hold half of it and wait for the other for good.
+        chunked = sum(p.num_pending for p in prefilling)
+        if kv.available() < hit.num_tokens + rest + chunked + lim.decode_reserve and (plan or num_running
+                                                                                        or prefilling):
             _unlock(kv, req)
             break
         slots = kv.alloc(hit.num_tokens + n)

@@ -240,6 +240,10 @@ class Scheduler:
         """Pick this step's batch (allocating its KV slots); None when nothing can run."""
         batch = schedule_prefill(self.kv, self.cfg.schedule_policy, self.waiting, self.prefilling,
                                  len(self.running), self._limits())
+        if not batch and self.prefilling:
+            self._unblock_prefilling()
+            batch = schedule_prefill(self.kv, self.cfg.schedule_policy, self.waiting, self.prefilling,
+                                     len(self.running), self._limits())
         # Mixed chunk: running requests decode in the same step as a prefill instead of
         # pausing for it (lower inter-token latency while long prompts arrive); only when
         # they fit as they are, so a prefill never causes a retraction.
@@ -264,6 +268,21 @@ class Scheduler:
         self._attach_copies(plan)
         self._released = []
         return plan
+
+    def _unblock_prefilling(self) -> None:
+        """No chunk could be allocated: running requests' decodes grew into the room their
+        admission counted on. Prompts being chunked hold KV nobody can evict, so the newest
+        give theirs back to the tree (evictable) and queue again, until the running
+        requests' next tokens fit and at most one prompt is left chunking: nothing waits
+        on itself, and no running request is aborted as too big while it fits alone."""
+        while self.prefilling and (len(self.prefilling) > 1 or
+                                   self.kv.available() < sum(r.num_pending for r in self.running)):
+            victim = self.prefilling.pop()
+            self.kv.release(victim)
+            victim.input_logprobs, victim.input_top_logprobs = [], []  # computed again from the start
+            victim.num_retractions += 1
+            self.waiting.insert(0, victim)
+            self.stats["num_retractions_total"] += 1
 
     def _limits(self) -> PrefillLimits:
         remaining = sum(max(0, r.params.max_new_tokens - len(r.output_ids)) for r in self.running)
