@@ -114,6 +114,47 @@ def test_demote_and_promote_keep_outputs_exact(policy: str) -> None:
     s.check_invariants()
 
 
+def test_a_failed_step_leaves_no_uncomputed_kv_in_the_tree_or_the_host_tier() -> None:
+    """The step that carries a request's first host stores fails: the request is aborted,
+    and neither its slots of that step nor the host pages named for the copies that never
+    ran may serve a later prompt (the fake KV proves what every row attended to)."""
+    import threading
+
+    s, fake = make(num_slots=160, host_pages=64)
+    real_execute, failed = fake.execute, []
+
+    def execute(plan):  # noqa: ANN001, ANN202
+        if plan.rows and plan.kv_stores and not failed:
+            failed.append(plan)
+            raise RuntimeError("injected step failure")
+        return real_execute(plan)
+
+    fake.execute = execute
+    results: dict[str, ReqOutput] = {}
+    stop = threading.Event()
+    loop = threading.Thread(target=s.run_forever, args=(stop,), daemon=True)
+    loop.start()
+
+    def run(rid: str, prompt: list[int]) -> ReqOutput:
+        p = SamplingParams.from_dict({"max_new_tokens": 6, "temperature": 0})
+        s.submit(Req(rid=rid, input_ids=prompt, params=p, on_output=lambda o: results.__setitem__(o.rid, o)))
+        wait_until(lambda: rid in results and results[rid].finished)
+        return results[rid]
+
+    try:
+        docs = workload()
+        first = run("a", docs[0])
+        assert failed and first.meta_info["finish_reason"]["status_code"] == 500
+        for i, prompt in enumerate(docs):  # evicts the device copies: host hits follow
+            out = run(f"r{i}", prompt)
+            assert out.output_ids == expected_output(prompt, 6), out.meta_info
+        assert s.snapshot()["hicache_host_hit_tokens"] > 0
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    s.check_invariants()
+
+
 def test_write_through_copies_at_insert_and_host_lru_drops() -> None:
     s, fake = make(num_slots=160, host_pages=20)
     prompts = workload(1)

@@ -63,6 +63,13 @@ class HostPages:
         self._index[page_hash] = page
         return page
 
+    def discard(self, pages: Iterable[int]) -> None:
+        """These host pages hold nothing valid (their copy never ran): free them."""
+        gone = set(pages)
+        if gone:
+            for h in [h for h, page in self._index.items() if page in gone]:
+                self._free.append(self._index.pop(h))
+
     def pin(self, pages: Iterable[int]) -> None:
         self._pinned.update(pages)
 

@@ -211,11 +211,32 @@ class Scheduler:
             if not self.has_work() and self.cfg.check_invariants_when_idle:
                 self.check_invariants()
             return False
-        result = self.executor.execute(plan)
+        try:
+            result = self.executor.execute(plan)
+        except BaseException:
+            self._undo_step(plan)
+            raise
         self._after_copies(plan)
         self.stats["num_forward_passes"] += 1
         self.update(plan, result)
         return True
+
+    def _undo_step(self, plan: StepPlan) -> None:
+        """The step failed: its new slots and host copies may hold nothing. Its requests are
+        then aborted, and KV that was never computed must not enter the tree (later prompts
+        would reuse it) nor stay named in the host tier."""
+        try:
+            for row in plan.rows:
+                req = self._live.get(row.uid)
+                if req is not None and len(req.slots) > row.prefix_len:
+                    self.kv.allocator.free(req.slots[row.prefix_len :])
+                    del req.slots[row.prefix_len :]
+            hc = self.kv.hicache
+            if hc is not None:
+                hc.host.discard([page for page, _ in plan.kv_stores] + [page for page, _ in plan.kv_fills])
+            self._stored_pages = []
+        except Exception:  # the abort that follows still frees what it can
+            log.exception("could not undo the failed step's allocations")
 
     def _run_copies(self, plan: StepPlan) -> None:
         self._attach_copies(plan)
