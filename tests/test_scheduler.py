@@ -119,6 +119,20 @@ def test_shared_prefix_is_computed_once() -> None:
     assert runner.tokens_computed == 181 + 7 + 8 * 3
 
 
+def test_flush_with_the_radix_cache_disabled_leaves_live_requests_alone() -> None:
+    s, _ = make(disable=True)
+    results: dict[str, ReqOutput] = {}
+    submit(s, "a", [5, 6, 7], 10, results)
+    submit(s, "b", [8, 9], 10, results)
+    s.step()
+    s.step()
+    assert s.kv.flush()
+    run_all(s)
+    assert results["a"].output_ids == expected_output([5, 6, 7], 10)
+    assert results["b"].output_ids == expected_output([8, 9], 10)
+    assert_all_free(s)
+
+
 def test_disabled_radix_cache_recomputes_but_matches() -> None:
     s, runner = make(disable=True)
     results: dict[str, ReqOutput] = {}
@@ -407,6 +421,35 @@ def test_jump_forward_at_start_and_after_a_sampled_token(executor: str) -> None:
     assert short.output_ids == tok.encode(tok.decode([first]) + "x")
     assert short.meta_info["finish_reason"] == {"type": "length", "length": 2}
     assert s.stats["num_forward_passes"] == 1  # "start" never ran; the others finished on their first token
+    assert_all_free(s)
+
+
+class BrokenCompiler(LiteralCompiler):
+    """Raises in submit for the spec "boom" (a bug below the scheduler), else literal grammars."""
+
+    def submit(self, kind: str, spec: str) -> Future:
+        if spec == "boom":
+            raise RuntimeError("compiler bug")
+        return super().submit(kind, spec)
+
+
+def test_a_request_whose_admission_raises_ends_alone_with_an_error() -> None:
+    s, _ = make(grammar_compiler=BrokenCompiler())
+    results: dict[str, ReqOutput] = {}
+
+    def req(rid: str, **params: Any) -> Req:
+        p = SamplingParams.from_dict({"max_new_tokens": 4, "temperature": 0, **params})
+        return Req(rid=rid, input_ids=[5, 6, 7], params=p, on_output=lambda o: results.__setitem__(o.rid, o))
+
+    submit(s, "running", [8, 9], 30, results)
+    s.step()
+    s.submit_many([req("before"), req("bad", regex="boom"), req("after", regex="0:ab")])
+    run_all(s)
+    bad = results["bad"].meta_info["finish_reason"]
+    assert bad["type"] == "abort" and bad["status_code"] == 500 and "compiler bug" in bad["message"]
+    assert results["before"].output_ids == expected_output([5, 6, 7], 4)
+    assert results["after"].output_ids == CharTokenizer().encode("ab")
+    assert results["running"].meta_info["finish_reason"]["type"] == "length"
     assert_all_free(s)
 
 

@@ -342,10 +342,19 @@ class Scheduler:
 
     def _admit_new(self, req: Req) -> None:
         self.stats["num_requests_total"] += 1
-        p = req.params
         req.uid = self._next_uid
         self._next_uid += 1
         self._live[req.uid] = req
+        try:
+            self._start(req)
+        except Exception as e:  # this request fails; the others in its call and in the loop go on
+            log.exception("could not admit request %s", req.rid)
+            self._finish(req, {"type": "abort", "message": f"internal error admitting the request: {e}",
+                               "status_code": 500})
+
+    def _start(self, req: Req) -> None:
+        """Seed, token healing, the storage lookup, then the grammar wait or the queue."""
+        p = req.params
         if req.seed is None and not p.is_greedy:
             if p.seed is not None:
                 req.seed = p.seed
@@ -410,8 +419,14 @@ class Scheduler:
                 self._finish(req, {"type": "abort", "message": f"invalid {kind}: {e}"})
                 continue
             req.grammar_future = None
-            if self.cfg.enable_jump_forward:
-                self.out.jump_forward(req)
+            try:
+                if self.cfg.enable_jump_forward:
+                    self.out.jump_forward(req)
+            except Exception as e:  # out of the queues already: it must end here, not vanish
+                log.exception("jump-forward failed for request %s", req.rid)
+                self._finish(req, {"type": "abort", "message": f"internal error after the grammar compiled: {e}",
+                                   "status_code": 500})
+                continue
             if req.finished:
                 self._finish(req, req.finish_reason)
             else:
