@@ -49,6 +49,24 @@ def test_text_and_variables(be):
     assert "stop" not in be.calls[1]["sampling_params"]
 
 
+def test_a_variable_reused_in_a_loop_reads_its_last_value():
+    import time
+
+    def slow(prompt: str, sp: dict) -> str:
+        time.sleep(0.05)  # the program thread runs ahead of the generations
+        return f"v{prompt.count('Step:')}"
+
+    @sgl.function
+    def prog(s):
+        for _ in range(3):
+            s += "Step: " + sgl.gen("step", max_tokens=4) + "\n"
+        return s["step"]
+
+    st = prog.run(backend=FakeBackend(slow))
+    assert st.ret_value == "v3" and st["step"] == "v3"
+    assert st.get_meta_info("step") is not None
+
+
 def test_typed_gen_allows_a_leading_space_only_after_a_non_space(be):
     @sgl.function
     def prog(s):

@@ -14,6 +14,7 @@ import queue
 import re
 import threading
 import uuid
+from collections import Counter
 from typing import Any
 
 from sgl.lang.backends.base import Backend, check_result
@@ -88,7 +89,9 @@ class StreamExecutor:
         self.text_ = ""
         self.messages_: list[dict] = []
         self.variables: dict[Any, Any] = {}
-        self.variable_event: dict[Any, threading.Event] = {}
+        # Writes of each variable submitted and not yet done: a reader waits for the last
+        # (a name reused in a loop reads its final value, as the program text says).
+        self._pending: Counter[Any] = Counter()
         self.meta_info: dict[Any, Any] = {}
         self.cur_role: str | None = None
         self.cur_role_begin_pos: int | None = None
@@ -110,16 +113,24 @@ class StreamExecutor:
             raise self.error_
         if self._ended:
             raise RuntimeError("this program state has ended (joined or finished); it cannot take more expressions")
-        self._init_var_events(expr)
+        with self.cond:
+            self._count_writes(expr)
         self._queue.put(expr)
 
     def sync(self) -> None:
         self._queue.join()
 
+    def var_done(self, name: Any) -> bool:
+        """No submitted write of `name` is still to come."""
+        with self.cond:
+            return self._pending[name] == 0
+
+    def _wait_var(self, name: Any) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self._pending[name] == 0 or self.error_ is not None)
+
     def get_var(self, name: Any) -> Any:
-        ev = self.variable_event.get(name)
-        if ev is not None:
-            ev.wait()
+        self._wait_var(name)
         if name in self.variables:
             return self.variables[name]
         if self.error_ is not None:
@@ -132,9 +143,7 @@ class StreamExecutor:
             self.cond.notify_all()
 
     def get_meta_info(self, name: Any) -> Any:
-        ev = self.variable_event.get(name)
-        if ev is not None:
-            ev.wait()
+        self._wait_var(name)
         return self.meta_info.get(name)
 
     def text(self) -> str:
@@ -206,16 +215,14 @@ class StreamExecutor:
             err.__cause__ = e
         with self.cond:
             self.error_ = err
-            for ev in self.variable_event.values():
-                ev.set()
             self.cond.notify_all()
 
-    def _init_var_events(self, expr: Any) -> None:
+    def _count_writes(self, expr: Any) -> None:
         if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)):
-            self.variable_event[expr.name] = threading.Event()
+            self._pending[expr.name] += 1
         elif isinstance(expr, SglExprList):
             for e in expr.expr_list:
-                self._init_var_events(e)
+                self._count_writes(e)
 
     def _append(self, text: str) -> None:
         with self.cond:
@@ -252,9 +259,8 @@ class StreamExecutor:
         with self.cond:
             self.variables[name] = value
             self.meta_info[name] = meta
-            ev = self.variable_event.get(name)
-            if ev is not None:
-                ev.set()
+            if self._pending[name] > 0:
+                self._pending[name] -= 1
             self.cond.notify_all()
 
     def request_for(self, params: GenParams) -> tuple[dict, dict]:

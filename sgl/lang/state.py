@@ -108,8 +108,7 @@ class ProgramState(RoleWriter):
             return True
         if var_name is None:
             return False
-        ev = exe.variable_event.get(var_name)
-        return ev is not None and ev.is_set()
+        return exe.var_done(var_name)
 
     def text_iter(self, var_name: Any = None) -> Iterator[str]:
         """Pieces of the text (or of one variable) as they are generated (stream=True)."""
