@@ -90,3 +90,31 @@ def test_completion_model_gets_raw_text():
 
     assert prog.run(backend=backend)["a"] == " 42"
     assert seen[0][0] == "/v1/completions" and seen[0][1]["prompt"] == "Q: 6*7?\nA:"
+
+
+def test_instruct_models_are_chat_models_and_every_option_is_sent():
+    assert sgl.OpenAI("meta-llama/Llama-3.1-8B-Instruct", base_url="http://fake/v1", api_key="k").is_chat_model
+    assert not sgl.OpenAI("gpt-3.5-turbo-instruct", base_url="http://fake/v1", api_key="k").is_chat_model
+    seen: list = []
+    backend = _backend(seen)
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("x")
+        s += sgl.assistant(sgl.gen("a", max_tokens=8, stop=["\n", ".", "!", "?", ";"], top_k=5,
+                                   repetition_penalty=1.1))
+
+    prog.run(backend=backend)
+    body = seen[0][1]
+    assert body["stop"] == ["\n", ".", "!", "?", ";"]  # not cut to 4 in silence
+    assert body["top_k"] == 5 and body["repetition_penalty"] == 1.1  # SGLang's extensions, as extra fields
+    assert "min_p" not in body and "ignore_eos" not in body  # defaults are not sent
+
+    backend.is_chat_model = False
+
+    @sgl.function
+    def raw(s):
+        s += "Q: 6*7?\nA:" + sgl.gen("a", max_tokens=4, stop="<|im_end|>")
+
+    raw.run(backend=backend)
+    assert seen[-1][1]["stop"] == ["<|im_end|>"]  # a completion model keeps every stop

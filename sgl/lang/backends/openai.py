@@ -19,7 +19,14 @@ from sgl.runtime.sampling_params import SamplingParams
 
 _TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>\n", re.S)
 _UNSUPPORTED = (*CONSTRAINT_KINDS, "stop_regex", "min_new_tokens")
-_COMPLETION_HINTS = ("instruct", "davinci", "babbage")
+# Models that only serve /v1/completions (OpenAI's legacy ones); every other name is a chat
+# model, as in SGLang ("Llama-3.1-8B-Instruct" is a chat model). `is_chat_model` overrides.
+_COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "davinci", "babbage")
+# Sampling fields /v1 names itself; every other non-default one travels as an extension
+# (sgl, SGLang and vLLM servers apply them; OpenAI's own API refuses them with a 400).
+_OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "n": "n",
+                  "seed": "seed", "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty"}
+_DEFAULTS = SamplingParams()
 
 
 def chatml_to_messages(text: str) -> list[dict]:
@@ -43,7 +50,7 @@ class OpenAI(Backend):
         self.model_name = model_name
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", **client_kwargs)
         if is_chat_model is None:
-            is_chat_model = not any(h in model_name.lower() for h in _COMPLETION_HINTS)
+            is_chat_model = not any(h in model_name.lower() for h in _COMPLETION_MODELS)
         self.is_chat_model = is_chat_model
         self.chat_template = chat_template or CHATML_TEMPLATE
 
@@ -54,14 +61,19 @@ class OpenAI(Backend):
         bad = [k for k in _UNSUPPORTED if sp.get(k)]
         if bad:
             raise BackendError(f"the OpenAI backend cannot apply {bad}; use sgl.Engine or sgl.RuntimeEndpoint")
-        kw: dict[str, Any] = {"max_tokens": sp.get("max_new_tokens", SamplingParams.max_new_tokens)}
-        for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("n", "n"), ("seed", "seed"),
-                             ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty")):
-            if sp.get(ours) is not None:
+        kw: dict[str, Any] = {"max_tokens": sp.get("max_new_tokens", _DEFAULTS.max_new_tokens)}
+        for ours, theirs in _OPENAI_FIELDS.items():
+            if ours != "max_new_tokens" and sp.get(ours) is not None:
                 kw[theirs] = sp[ours]
-        stop = [s for s in (sp.get("stop") or []) if s not in self.chat_template.stop_str]
+        stop = sp.get("stop") or []
+        if self.is_chat_model:  # the server ends the turn itself
+            stop = [s for s in stop if s not in self.chat_template.stop_str]
         if stop:
-            kw["stop"] = stop[:4]
+            kw["stop"] = list(stop)  # all of them: OpenAI's API answers more than 4 with a 400, not silence
+        extra = {k: v for k, v in sp.items() if k not in _OPENAI_FIELDS and k != "stop" and v is not None
+                 and v != getattr(_DEFAULTS, k, None)}
+        if extra:
+            kw["extra_body"] = extra
         return kw
 
     def _result(self, text: str, finish: str | None, usage: Any) -> dict:
