@@ -16,6 +16,7 @@ inside assistant turns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 _SENTINEL = "\x00SGL_CONTENT\x00"
 ROLES = ("system", "user", "assistant")
@@ -34,7 +35,8 @@ class ChatTemplate:
 
     def get_prefix_and_suffix(self, role: str, history: list[dict] | None = None) -> tuple[str, str]:
         if role not in self.role_prefix_and_suffix:
-            raise ValueError(f"chat template {self.name!r} has no role {role!r}")
+            hint = "; put the instructions in the first user message" if role == "system" else ""
+            raise ValueError(f"the chat template of {self.name!r} has no {role!r} role{hint}")
         return self.role_prefix_and_suffix[role]
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
@@ -95,6 +97,15 @@ def _cut(before: str, after: str, what: str) -> tuple[str, str]:
     return seg[:i], seg[i + len(_SENTINEL):]
 
 
+def _segments(render: Any, histories: dict[str, list[dict]]) -> dict[str, tuple[str, str]]:
+    out: dict[str, tuple[str, str]] = {}
+    for role, hist in histories.items():
+        before = render(hist) if hist else ""
+        after = render(hist + [{"role": role, "content": _SENTINEL}])
+        out[role] = _cut(before, after, f"a {role} message")
+    return out
+
+
 def chat_template_from_jinja(source: str, name: str = "model", bos_token: str = "", eos_token: str = "") -> ChatTemplate:
     """Derive role segments from a tokenizer's jinja chat template.
 
@@ -105,31 +116,29 @@ def chat_template_from_jinja(source: str, name: str = "model", bos_token: str = 
     sys_msg = {"role": "system", "content": "S"}
     user_msg = {"role": "user", "content": "U"}
     # Each role is cut after a history that makes it legal for templates that check
-    # alternation (system, user, assistant, user, ...).
-    histories = {
-        "system": [],
-        "user": [sys_msg],
-        "assistant": [sys_msg, user_msg],
-    }
-    segments: dict[str, tuple[str, str]] = {}
-    for role, hist in histories.items():
-        before = render(hist) if hist else ""
-        after = render(hist + [{"role": role, "content": _SENTINEL}])
-        segments[role] = _cut(before, after, f"a {role} message")
+    # alternation (system, user, assistant, user, ...). Templates with no system role
+    # (Gemma raises on one, Mistral folds it into the first user turn) get user and
+    # assistant only; a program's sgl.system() then fails with a clear error.
+    try:
+        segments = _segments(render, {"system": [], "user": [sys_msg], "assistant": [sys_msg, user_msg]})
+        chat = [sys_msg, user_msg]
+    except Exception:  # noqa: BLE001 - the template's own raise_exception, or a system it does not append
+        segments = _segments(render, {"user": [], "assistant": [user_msg]})
+        chat = [user_msg]
 
     # Default system prompt: what appears ahead of a lone user message.
     lone_user = render([{"role": "user", "content": _SENTINEL}])
     head = lone_user[: lone_user.find(_SENTINEL)]
     user_prefix = segments["user"][0]
     default_system = None
-    if head.endswith(user_prefix):
+    if "system" in segments and head.endswith(user_prefix):
         head = head[: len(head) - len(user_prefix)]
         sp, ss = segments["system"]
         if head and head.startswith(sp) and head.endswith(ss) and len(head) >= len(sp) + len(ss):
             default_system = head[len(sp): len(head) - len(ss)]
 
     # The generation prompt must be the assistant prefix, or programs would write a different turn opener.
-    gen_tail = render([sys_msg, user_msg], add_generation_prompt=True)[len(render([sys_msg, user_msg])):]
+    gen_tail = render(chat, add_generation_prompt=True)[len(render(chat)):]
     if gen_tail and gen_tail != segments["assistant"][0]:
         raise ValueError("generation prompt differs from the assistant message prefix")
 
