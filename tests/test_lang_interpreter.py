@@ -310,6 +310,32 @@ def test_run_batch_raises_after_all_finish():
     assert states[1].error() is not None
 
 
+def test_run_batch_generator_style_yields_states_in_order_then_raises_for_failures():
+    be = FakeBackend(fail_on="bad")
+
+    @sgl.function
+    def prog(s, q):
+        s += q + sgl.gen("a")
+
+    it = prog.run_batch([{"q": "good"}, {"q": "bad"}, {"q": "fine"}], backend=be, generator_style=True)
+    first = next(it)
+    assert first["a"] == "ok"
+    second, third = next(it), next(it)
+    assert second.error() is not None and third["a"] == "ok"
+    with pytest.raises(sgl.ProgramError, match="1 of 3"):
+        next(it)
+
+
+def test_sglang_call_options_run_use_thread_and_select_temperature(be):
+    @sgl.function
+    def prog(s):
+        s += "Q" + sgl.gen("a", max_tokens=3)
+
+    assert prog.run(backend=be, use_thread=False)["a"]
+    with pytest.raises(ValueError, match="temperature"):
+        sgl.select("x", ["a", "b"], temperature=0.8)
+
+
 def test_bind_and_set_default_backend(be):
     sgl.set_default_backend(be)
     try:

@@ -94,6 +94,8 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     """Append the most likely of `choices` (scored by `choices_method`) and store it in `name`."""
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError("select() needs choices: a non-empty list of strings")
+    if temperature > 1e-5:  # as SGLang: the choice is the best-scored one, never sampled
+        raise ValueError(f"select() picks the most likely choice; temperature={temperature} is not supported")
     return SglSelect(name, choices, temperature, choices_method)
 
 

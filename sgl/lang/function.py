@@ -40,19 +40,24 @@ class SglFunction:
     def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any):
         """Run once. A keyword naming a program parameter goes to the program (it wins over an
         option of the same name); any other is a sampling or logprob option, e.g.
-        `temperature=0, max_new_tokens=64, seed=3`."""
+        `temperature=0, max_new_tokens=64, seed=3`. SGLang's `use_thread` is accepted (a
+        program always runs on its own thread here)."""
         from sgl.lang.runner import run_program
 
+        if "use_thread" not in self.arg_names:
+            kwargs.pop("use_thread", None)
         program_kwargs = {k: v for k, v in kwargs.items() if k in self.arg_names or not is_option(k)}
         options = {k: v for k, v in kwargs.items() if k not in program_kwargs}
         params = gen_params(options, "run")
         return run_program(self, backend or global_config.default_backend, args, program_kwargs, params, stream)
 
     def run_batch(self, batch_kwargs: list, *, backend: Any = None, num_threads: str | int = "auto",
-                  progress_bar: bool = False, **options: Any):
+                  progress_bar: bool = False, generator_style: bool = False, **options: Any):
         """Run once per item of `batch_kwargs` (dicts or tuples of arguments) on a thread pool;
-        `options` are sampling and logprob options shared by every run."""
-        from sgl.lang.runner import run_program_batch
+        `options` are sampling and logprob options shared by every run. With
+        `generator_style=True`, an iterator of the states in input order, each as soon as it
+        is done."""
+        from sgl.lang.runner import iter_program_batch, run_program_batch
 
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts (or argument tuples)")
@@ -60,8 +65,8 @@ class SglFunction:
         if not batch_kwargs:
             return []
         batch = [self._as_kwargs(a) for a in batch_kwargs]
-        return run_program_batch(self, backend or global_config.default_backend, batch, params,
-                                 num_threads, progress_bar)
+        run = iter_program_batch if generator_style else run_program_batch
+        return run(self, backend or global_config.default_backend, batch, params, num_threads, progress_bar)
 
     def _as_kwargs(self, args: Any) -> dict[str, Any]:
         if isinstance(args, dict):

@@ -8,6 +8,7 @@ find the few-shot examples already cached instead of prefilling them side by sid
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,6 +79,13 @@ def cache_program(program: Program, backend: Any) -> str:
 
 def run_program_batch(program: Program, backend: Any, batch: list[dict], params: GenParams,
                       num_threads: str | int, progress_bar: bool) -> list[ProgramState]:
+    return list(iter_program_batch(program, backend, batch, params, num_threads, progress_bar))
+
+
+def iter_program_batch(program: Program, backend: Any, batch: list[dict], params: GenParams,
+                       num_threads: str | int, progress_bar: bool) -> Iterator[ProgramState]:
+    """The batch's states in input order, each as soon as it and those before it are done;
+    after the last, a ProgramError if any program failed (its `states` hold them all)."""
     backend = _resolve(backend)
     if global_config.enable_precache_with_tracing and len(batch) > 1:
         cache_program(program, backend)
@@ -96,21 +104,24 @@ def run_program_batch(program: Program, backend: Any, batch: list[dict], params:
         import tqdm
 
         pbar = tqdm.tqdm(total=len(batch))
+    states: list[ProgramState] = []
+    errors: list[ProgramError] = []
     with ThreadPoolExecutor(num_threads) as pool:
         futures = [pool.submit(one, kw) for kw in batch]
         if pbar is not None:
             for f in futures:
                 f.add_done_callback(lambda _: pbar.update())
-        outcomes = [f.result() for f in futures]
+        for f in futures:
+            o = f.result()
+            if isinstance(o, ProgramError):
+                errors.append(o)
+            states.append(o.state if isinstance(o, ProgramError) else o)
+            yield states[-1]
     if pbar is not None:
         pbar.close()
-
-    states = [o.state if isinstance(o, ProgramError) else o for o in outcomes]
-    errors = [o for o in outcomes if isinstance(o, ProgramError)]
     if errors:
         err = ProgramError(f"{len(errors)} of {len(batch)} programs in run_batch failed; first: {errors[0]}")
         err.__cause__ = errors[0]
         err.states = states
         err.state = errors[0].state
         raise err
-    return states
