@@ -43,7 +43,8 @@ class PlanBroadcast:
         return decode_forward(buf.numpy().tobytes())
 
     def keepalive(self) -> None:
-        """Call when idle: sends an empty step if nothing was sent for keepalive_s."""
+        """Call every iteration: sends an empty step if nothing was sent for keepalive_s
+        (requests waiting on a grammar compile run no step for a while)."""
         if time.monotonic() - self._last_send > self.keepalive_s:
             self.send(Forward())
 

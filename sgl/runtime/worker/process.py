@@ -49,8 +49,14 @@ def main(spec: WorkerSpec) -> int:
         if cfg.tp_size > 1:
             from sgl.runtime.distributed.group import init_tp_group
             from sgl.runtime.distributed.peers import PlanBroadcast
+            from sgl.runtime.worker.build import resolve_device
 
-            device = "cuda" if cfg.device == "cuda" else "cpu"
+            device = resolve_device(cfg)
+            if device != "cpu":
+                # Not built yet: ranks are not pinned to their own GPUs (every rank would load
+                # onto GPU 0) and the pool sizing reads host memory. Refused, not half-run.
+                raise ValueError(f"--tp-size {cfg.tp_size} runs on CPU ranks only (--device cpu); on GPUs "
+                                 "start one worker per GPU with --tp-size 1 behind the router")
             tp, plan_group = init_tp_group(spec.rank, cfg.tp_size, spec.dist_init_method, cfg.dist_timeout, device)
             peers = PlanBroadcast(plan_group, keepalive_s=min(10.0, cfg.dist_timeout / 4))
         rm = build_rank(cfg, spec.hf_dir, tp)

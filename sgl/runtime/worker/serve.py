@@ -177,7 +177,7 @@ class Serve:
         if self.kv_events is not None:  # before the outputs: a router sees the pages before the reply
             self.kv_events.flush()
         self.outbox.flush()
-        if self.peers is not None and not self.scheduler.has_work():
+        if self.peers is not None:  # time-gated inside; also while requests wait on a grammar
             self.peers.keepalive()
 
     # -- reader thread ----------------------------------------------------------------
