@@ -51,7 +51,7 @@ class Subscriber:
     def apply(self, events: list) -> None:
         for ev in events:
             if isinstance(ev, BlockStored):
-                assert ev.block_size == self.page_size and ev.medium == "cpu" and ev.lora_id is None
+                assert ev.block_size == self.page_size and ev.medium == "CPU" and ev.lora_id is None
                 assert len(ev.token_ids) == self.page_size * len(ev.block_hashes)
                 parent = ROOT_HASH if ev.parent_block_hash is None else ev.parent_block_hash
                 assert ev.parent_block_hash is None or ev.parent_block_hash in self.held, "parent page not held"

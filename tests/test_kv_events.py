@@ -142,7 +142,7 @@ class Stream:
         self.batches.append(batch)
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                assert ev.block_size == self.page_size and ev.lora_id is None and ev.medium in ("cpu", "gpu")
+                assert ev.block_size == self.page_size and ev.lora_id is None and ev.medium in ("CPU", "GPU")
                 assert len(ev.token_ids) == len(ev.block_hashes) * self.page_size
                 assert ev.parent_block_hash is None or ev.parent_block_hash in self.held
                 parent = 0 if ev.parent_block_hash is None else ev.parent_block_hash
@@ -210,6 +210,73 @@ def test_cli_rejects_bad_config_before_loading_the_model() -> None:
     assert proc.returncode == 2 and "--kv-events-config" in proc.stderr and "kafka" in proc.stderr
 
 
+class BlockStored7(KVCacheEvent, tag="BlockStored"):  # vLLM after lora_name became required
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+
+
+class Batch7(EventBatch):
+    events: list[Union[BlockStored7, BlockRemoved, AllBlocksCleared]]
+
+
+# Newer vLLM: the same events as field-name maps, with fields we do not send.
+class MapEvent(msgspec.Struct, omit_defaults=True, tag=True):
+    pass
+
+
+class MapStored(MapEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    extra_keys: Optional[list] = None
+    group_idx: Optional[int] = None
+
+
+class MapRemoved(MapEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+
+
+class MapCleared(MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class MapBatch(msgspec.Struct, omit_defaults=True):
+    ts: float
+    events: list[Union[MapStored, MapRemoved, MapCleared]]
+    data_parallel_rank: Optional[int] = None
+
+
+def test_every_vllm_form_of_the_events_reads_and_is_read() -> None:
+    from sgl.kv_events import wire
+
+    ours = wire.encode_batch(wire.KVEventBatch(ts=1.0, events=[wire.BlockStored(
+        block_hashes=[7, 8], parent_block_hash=None, token_ids=[1, 2], block_size=1, lora_id=None, medium="CPU")]))
+    assert DECODER.decode(ours).events[0].block_hashes == [7, 8]  # the 6-field form ignores lora_name
+    ev = msgspec.msgpack.Decoder(Batch7).decode(ours).events[0]
+    assert (ev.block_hashes, ev.lora_name, ev.medium) == ([7, 8], None, "CPU")
+    six = msgspec.msgpack.encode(KVEventBatch(ts=2.0, events=[BlockStored([5], None, [3], 1, None, "GPU")]))
+    assert wire.decode_batch(six).events[0].block_hashes == [5]  # older vLLM workers
+    maps = msgspec.msgpack.encode(MapBatch(ts=3.0, data_parallel_rank=1, events=[
+        MapStored([9, 10], 4, [1, 2], 1, None, "GPU", None, group_idx=0), MapRemoved([9], "GPU"), MapCleared()]))
+    got = wire.decode_batch(maps)
+    assert got.data_parallel_rank == 1 and [type(e).__name__ for e in got.events] == [
+        "BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    assert (got.events[0].block_hashes, got.events[0].parent_block_hash, got.events[1].block_hashes) == ([9, 10], 4, [9])
+    with pytest.raises(msgspec.DecodeError):
+        wire.decode_batch(b"\x93not a batch")
+
+
 def test_publisher_wire_sequence_replay_and_heartbeat(ctx: zmq.Context) -> None:
     from sgl.kv_events import wire
     from sgl.runtime.kv_events.publisher import ZmqEventPublisher
@@ -220,9 +287,9 @@ def test_publisher_wire_sequence_replay_and_heartbeat(ctx: zmq.Context) -> None:
         port = pub.endpoint.rpartition(":")[2]
         st = subscribe_until_live(ctx, pub, f"tcp://127.0.0.1:{port}", pub.replay_endpoint.replace("*", "127.0.0.1"))
         stored = wire.BlockStored(block_hashes=page_hashes(list(range(32)), 16), parent_block_hash=None,
-                                  token_ids=list(range(32)), block_size=16, lora_id=None, medium="cpu")
+                                  token_ids=list(range(32)), block_size=16, lora_id=None, medium="CPU")
         pub.publish([stored])
-        pub.publish([wire.BlockRemoved(block_hashes=stored.block_hashes, medium="cpu"), wire.AllBlocksCleared()])
+        pub.publish([wire.BlockRemoved(block_hashes=stored.block_hashes, medium="CPU"), wire.AllBlocksCleared()])
         st.wait(lambda: st.clears == 1, "the two batches")
         assert all(b.data_parallel_rank == 3 for b in st.batches)
         ev = next(e for b in st.batches for e in b.events if isinstance(e, BlockStored))

@@ -6,8 +6,13 @@ Transport: a ZMQ PUB socket sends multipart messages ``(topic, seq, payload)`` w
 (encoded as msgpack arrays, fields in declaration order) and events are tagged unions
 (the tag is the class name, first element of the array), exactly as vLLM declares them.
 
-Block hashes are unsigned 64-bit ints (see `hashing.py`); `medium` is "GPU"-style free
-text in vLLM, here "cpu" for the worker's KV pool.
+Block hashes are unsigned 64-bit ints (see `hashing.py`); `medium` is "GPU" for vLLM's
+device pool, here "CPU" or "GPU" for where the worker's KV pool lives.
+
+`BlockStored` carries `lora_name` as a 7th element (vLLM added it as a required field;
+decoders of the 6-field form ignore a trailing element). Reading, both of vLLM's forms are
+accepted: arrays (6 or 7 fields, later ones optional) and the field-name maps newer vLLM
+sends, so the router indexes any vLLM worker.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     """Base of the three event kinds; the msgpack tag is the subclass name."""
 
 
-class BlockStored(KVCacheEvent):
+class BlockStored(KVCacheEvent, omit_defaults=False):  # lora_name is sent even when None
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None = None
 
 
 class BlockRemoved(KVCacheEvent):
@@ -52,8 +58,38 @@ class KVEventBatch(EventBatch):
     events: list[KVEvent]  # type: ignore[assignment]
 
 
+class _MapEvent(msgspec.Struct, gc=False, tag=True):
+    """The same events as field-name maps ({"type": "BlockStored", ...}), newer vLLM's form."""
+
+
+class _MapStored(_MapEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+
+
+class _MapRemoved(_MapEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class _MapCleared(_MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _MapBatch(msgspec.Struct, gc=False):
+    ts: float
+    events: list[Union[_MapStored, _MapRemoved, _MapCleared]]
+    data_parallel_rank: int | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
+_map_decoder = msgspec.msgpack.Decoder(_MapBatch)
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:
@@ -61,7 +97,24 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    return _decoder.decode(payload)
+    """A batch in either of vLLM's forms; msgspec.DecodeError (a ValueError) if neither."""
+    try:
+        return _decoder.decode(payload)
+    except msgspec.DecodeError as array_error:
+        try:
+            m = _map_decoder.decode(payload)
+        except msgspec.DecodeError:
+            raise array_error from None
+    return KVEventBatch(ts=m.ts, events=[_from_map(e) for e in m.events], data_parallel_rank=m.data_parallel_rank)
+
+
+def _from_map(e: _MapEvent) -> KVEvent:
+    if isinstance(e, _MapStored):
+        return BlockStored(block_hashes=e.block_hashes, parent_block_hash=e.parent_block_hash, token_ids=e.token_ids,
+                           block_size=e.block_size, lora_id=e.lora_id, medium=e.medium, lora_name=e.lora_name)
+    if isinstance(e, _MapRemoved):
+        return BlockRemoved(block_hashes=e.block_hashes, medium=e.medium)
+    return AllBlocksCleared()
 
 
 def encode_seq(seq: int) -> bytes:

@@ -47,7 +47,7 @@ class PageTracker:
     every node from then on.
     """
 
-    def __init__(self, page_size: int, medium: str = "cpu") -> None:
+    def __init__(self, page_size: int, medium: str = "CPU") -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size

@@ -17,7 +17,7 @@ from sgl.runtime.kv_events.publisher import ZmqEventPublisher
 
 class KVEventStream:
     def __init__(self, settings: KVEventsSettings, tree: RadixTree, page_size: int,
-                 data_parallel_rank: int | None = None, medium: str = "cpu") -> None:
+                 data_parallel_rank: int | None = None, medium: str = "CPU") -> None:
         if tree.total_size():
             raise ValueError("KV events must be attached to an empty radix tree")
         self.page_size = page_size

@@ -250,7 +250,7 @@ def build_kv_events(cfg: EngineConfig, scheduler: Any, device: str) -> Any:
     from sgl.runtime.kv_events.stream import KVEventStream
 
     return KVEventStream(settings, scheduler.kv.tree, cfg.page_size, cfg.data_parallel_rank,
-                         medium="cpu" if device == "cpu" else "gpu")
+                         medium="CPU" if device == "cpu" else "GPU")
 
 
 class LazyGrammarCompiler:
