@@ -11,8 +11,8 @@ from typing import Any
 
 from sgl.lang.backends.base import Backend, BackendError
 
-_wrapped: dict[int, Backend] = {}
 _lock = threading.Lock()
+_ATTR = "_sgl_lang_backend"  # one wrapper per Engine, kept on it: it goes when the Engine goes
 
 
 def as_backend(obj: Any) -> Backend:
@@ -25,9 +25,13 @@ def as_backend(obj: Any) -> Backend:
         from sgl.lang.backends.engine import EngineBackend
 
         with _lock:
-            b = _wrapped.get(id(obj))
-            if b is None or b.engine is not obj:  # type: ignore[attr-defined]
-                b = _wrapped[id(obj)] = EngineBackend(obj)
+            b = getattr(obj, _ATTR, None)
+            if b is None:
+                b = EngineBackend(obj)
+                try:
+                    setattr(obj, _ATTR, b)
+                except AttributeError:  # an object that takes no attributes: a wrapper per call
+                    pass
             return b
     raise TypeError(f"{type(obj).__name__} is not an sgl backend; pass sgl.Engine(...), sgl.Runtime(...), "
                     "sgl.RuntimeEndpoint(url) or sgl.OpenAI(model)")

@@ -28,7 +28,11 @@ class RuntimeEndpoint(Backend):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(headers=headers, timeout=timeout, verify=True if verify is None else verify,
                                     limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
-        self.model_info = self._get("/get_model_info")
+        try:
+            self.model_info = self._get("/get_model_info")
+        except BaseException:  # no endpoint object for the caller to shut down: close it here
+            self._client.close()
+            raise
         # An sgl server says it takes `token_healing`; SGLang's would refuse the key.
         self.supports_token_healing = bool(self.model_info.get("token_healing"))
         if chat_template_name is not None:

@@ -72,6 +72,9 @@ class Runtime:
         self.endpoint = RuntimeEndpoint(self.url, api_key=api_key)
 
     def shutdown(self) -> None:
+        endpoint = getattr(self, "endpoint", None)
+        if endpoint is not None:
+            endpoint.shutdown()
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
