@@ -210,13 +210,7 @@ def test_cli_rejects_bad_config_before_loading_the_model() -> None:
     assert proc.returncode == 2 and "--kv-events-config" in proc.stderr and "kafka" in proc.stderr
 
 
-class BlockStored7(KVCacheEvent, tag="BlockStored"):  # vLLM after lora_name became required
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str]
+class BlockStored7(BlockStored, tag="BlockStored"):  # vLLM after lora_name became required
     lora_name: Optional[str]
 
 
@@ -229,32 +223,16 @@ class MapEvent(msgspec.Struct, omit_defaults=True, tag=True):
     pass
 
 
-class MapStored(MapEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str]
-    lora_name: Optional[str]
-    extra_keys: Optional[list] = None
-    group_idx: Optional[int] = None
+def _as_map(cls: type, *extra: tuple) -> type:
+    fields = [(f.name, f.type) for f in msgspec.structs.fields(cls)] + list(extra)
+    return msgspec.defstruct("Map" + cls.__name__, fields, bases=(MapEvent,), tag=cls.__name__.rstrip("7"))
 
 
-class MapRemoved(MapEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: Optional[str]
-    group_idx: Optional[int] = None
-
-
-class MapCleared(MapEvent, tag="AllBlocksCleared"):
-    pass
-
-
-class MapBatch(msgspec.Struct, omit_defaults=True):
-    ts: float
-    events: list[Union[MapStored, MapRemoved, MapCleared]]
-    data_parallel_rank: Optional[int] = None
+MapStored = _as_map(BlockStored7, ("extra_keys", Optional[list], None), ("group_idx", Optional[int], None))
+MapRemoved = _as_map(BlockRemoved, ("group_idx", Optional[int], None))
+MapCleared = _as_map(AllBlocksCleared)
+MapBatch = msgspec.defstruct("MapBatch", [("ts", float), ("events", list[Union[MapStored, MapRemoved, MapCleared]]),
+                                          ("data_parallel_rank", Optional[int], None)], omit_defaults=True)
 
 
 def test_every_vllm_form_of_the_events_reads_and_is_read() -> None:
