@@ -383,3 +383,13 @@ def test_nfa_bound_is_an_error():
     with pytest.raises(GrammarError, match="NFA exceeds"):
         eng.set_regex(0, "(?:a{100}){100}", calls=False, uni=None, max_nfa_states=1000)
     assert eng.set_regex(0, "abc", calls=False, uni=None)  # the machine is still unset
+
+
+@pytest.mark.timeout(60)
+def test_repeats_of_an_empty_body_are_refused_not_compiled_for_ever():
+    # No NFA states, but ~10^15 compile steps: the compile itself is bounded too.
+    eng = NativeEngine(1, "regex")
+    for pattern in ("(?:(?:(?:){99999}){99999}){99999}", "(?:(?:a{0}){99999}){99999}"):
+        with pytest.raises(GrammarError, match="NFA exceeds"):
+            eng.set_regex(0, pattern, calls=False, uni=None)
+    assert eng.set_regex(0, "(?:){5}x", calls=False, uni=None)  # a small one still compiles

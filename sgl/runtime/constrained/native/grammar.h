@@ -61,6 +61,7 @@ typedef struct {
 typedef struct {
     Vec states, edges; /* NState, Edge */
     int64_t max_states;
+    int64_t work; /* compile steps taken: bounded too, as repeats of an empty body make no states */
     int status;
     int32_t start, match;
     uint64_t *hkeys; /* hash-consed single-edge states: (lo, hi, next) -> state */

@@ -594,6 +594,8 @@ static int compile_rep(Parser *p, Nfa *a, const Node *nd, int32_t next) {
 }
 
 static int compile_node(Parser *p, Nfa *a, int node, int32_t next) {
+    /* (?:(?:){99999}){99999} makes no states but ~10^10 calls: charge the calls as well. */
+    if (++a->work > 4 * a->max_states + 1000000) { a->status = G_TOO_LARGE; return -1; }
     const Node nd = ((Node *)p->nodes.p)[node];
     const int32_t *kids = (const int32_t *)p->kids.p;
     switch (nd.kind) {
@@ -647,6 +649,7 @@ int regex_to_nfa(const uint8_t *pattern, int64_t len, const int32_t *uni, int fl
     a->states = (Vec)VEC_OF(NState);
     a->edges = (Vec)VEC_OF(Edge);
     a->max_states = max_states;
+    a->work = 0;
     a->status = G_OK;
     if (err && errlen > 0) err[0] = 0;
     int status = G_OK;
