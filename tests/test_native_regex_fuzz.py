@@ -393,3 +393,10 @@ def test_repeats_of_an_empty_body_are_refused_not_compiled_for_ever():
         with pytest.raises(GrammarError, match="NFA exceeds"):
             eng.set_regex(0, pattern, calls=False, uni=None)
     assert eng.set_regex(0, "(?:){5}x", calls=False, uni=None)  # a small one still compiles
+
+
+def test_an_out_of_memory_engine_fails_its_grammar_not_the_batch():
+    from sgl.runtime.constrained.native.binding import NOMEM
+
+    err = NativeEngine(1, "regex")._fail(NOMEM)
+    assert isinstance(err, GrammarError) and isinstance(err, MemoryError)  # NativeGrammar keeps it as its error

@@ -21,6 +21,10 @@ from sgl.runtime.native.build import build_library
 
 from ..base import GrammarError
 
+
+class GrammarOutOfMemory(GrammarError, MemoryError):
+    """The C engine could not allocate for this grammar (a huge automaton)."""
+
 _DIR = Path(__file__).parent
 _SOURCES = [_DIR / n for n in ("grammar.h", "pushdown.h", "regex_nfa.c", "lazy_dfa.c", "pushdown_walk.c",
                                "mask_walk.c", "token_slices.c", "engine_api.c")]
@@ -111,8 +115,8 @@ class NativeEngine:
             return GrammarError(f"{self.kind}: the grammar matches nothing")
         if status == TOO_MANY:
             return GrammarError(f"{self.kind}: too many parallel parses (ambiguous schema)")
-        if status == NOMEM:
-            raise MemoryError("native grammar engine: out of memory")
+        if status == NOMEM:  # this grammar's request fails, not the whole batch it is in
+            return GrammarOutOfMemory(f"{self.kind}: the grammar engine ran out of memory")
         return GrammarError(f"{self.kind}: native grammar engine error {status}{what}")
 
     # -- building ---------------------------------------------------------------------
