@@ -69,6 +69,7 @@ def schedule_prefill(
     if not waiting or budget <= 0:
         return plan
     admitted: list[Req] = []
+    chunked = sum(p.num_pending for p in prefilling)  # prompt tokens still to come, kept up to date below
     for req in order_waiting(policy, waiting, kv.tree):
         if num_running + len(prefilling) >= lim.max_running or budget <= 0:
             break
@@ -87,7 +88,6 @@ def schedule_prefill(
         # Room for the whole rest of its prompt and of every prompt being chunked, not only
         # this chunk: two chunked prompts that fit the pool only one at a time would each
         # hold half of it and wait for the other for good.
-        chunked = sum(p.num_pending for p in prefilling)
         if kv.available() < hit.num_tokens + rest + chunked + lim.decode_reserve and (plan or num_running
                                                                                         or prefilling):
             _unlock(kv, req)
@@ -110,6 +110,7 @@ def schedule_prefill(
                 kv.hicache.stats["hicache_device_hit_tokens"] += matched
             req.admitted_once = True
         budget -= n
+        chunked += req.num_pending
         waiting.remove(req)
         prefilling.append(req)
         admitted.append(req)

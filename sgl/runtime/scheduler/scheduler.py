@@ -12,16 +12,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from sgl.runtime.constrained.healing import HealingGrammar, plan_healing
 from sgl.runtime.executor.plan import FatalExecutorError, StepPlan, StepResult
 from sgl.runtime.executor.step import Executor, ModelRunner, StepExecutor
+from sgl.runtime.scheduler.arrival import admit_new, poll_grammars
 from sgl.runtime.scheduler.decode import schedule_decode
 from sgl.runtime.scheduler.snapshot import scheduler_snapshot
 from sgl.runtime.scheduler.kv_cache import KVCache
@@ -201,7 +200,7 @@ class Scheduler:
     def step(self) -> bool:
         """One iteration; False when there was nothing to run."""
         self._drain_inbox(timeout=None)
-        self._poll_grammars()
+        poll_grammars(self)
         if self.pd is not None:
             self.pd.poll()
         plan = self.schedule()
@@ -325,10 +324,10 @@ class Scheduler:
             block = False
             kind = msg[0]
             if kind == "req":
-                self._admit_new(msg[1])
+                admit_new(self, msg[1])
             elif kind == "reqs":
                 for req in msg[1]:
-                    self._admit_new(req)
+                    admit_new(self, req)
             elif kind == "abort":
                 self._abort(msg[1])
             elif kind == "wake":  # only ends the idle wait
@@ -339,98 +338,6 @@ class Scheduler:
                     fut.set_result(fn())
                 except Exception as e:  # reported to the caller, not fatal here
                     fut.set_exception(e)
-
-    def _admit_new(self, req: Req) -> None:
-        self.stats["num_requests_total"] += 1
-        req.uid = self._next_uid
-        self._next_uid += 1
-        self._live[req.uid] = req
-        try:
-            self._start(req)
-        except Exception as e:  # this request fails; the others in its call and in the loop go on
-            log.exception("could not admit request %s", req.rid)
-            self._finish(req, {"type": "abort", "message": f"internal error admitting the request: {e}",
-                               "status_code": 500})
-
-    def _start(self, req: Req) -> None:
-        """Seed, token healing, the storage lookup, then the grammar wait or the queue."""
-        p = req.params
-        if req.seed is None and not p.is_greedy:
-            if p.seed is not None:
-                req.seed = p.seed
-            else:
-                req.seed = self.cfg.random_seed * 1_000_003 + self._seed_counter
-                self._seed_counter += 1
-        if p.token_healing and p.max_new_tokens > 0 and not req.output_ids and not req.healed_tokens:
-            self._heal(req)
-        if self.kv.hicache is not None:  # the storage lookup overlaps a grammar's compile
-            self.kv.hicache.on_arrival(req)
-        if p.constraint is not None and req.grammar is None:
-            if self.grammar_compiler is None:
-                self._finish(req, {"type": "abort", "message": "constrained decoding is not available"})
-                return
-            kind, spec = p.constraint
-            req.grammar_future = self.grammar_compiler.submit(kind, spec)
-            req.created_at = time.monotonic()
-            self.grammar_wait.append(req)
-            return
-        self._enqueue(req)
-
-    def _heal(self, req: Req) -> None:
-        """Back the prompt up for token healing; an unconstrained request gets the healing
-        grammar now, a constrained one when its grammar is compiled (_poll_grammars)."""
-        tok = getattr(self.grammar_compiler, "tok", None)
-        if tok is None:  # no vocabulary tables here (a fake tokenizer): nothing to heal with
-            return
-        plan = plan_healing(req.input_ids, tok)
-        if plan is None:
-            return
-        req.input_ids = plan.kept
-        req.heal_prefix, req.heal_text, req.healed_tokens = plan.prefix, plan.text, plan.num_removed
-        # Prompt logprobs cover the backed-up prompt only (the removed tokens are output now).
-        req.logprob_start_len = min(req.logprob_start_len, len(plan.kept) - 1)
-        if req.params.constraint is None:
-            req.grammar = HealingGrammar(plan.prefix, None, tok)
-
-    def _enqueue(self, req: Req) -> None:
-        """Queue for prefill, unless the PD role takes the request (a decode worker's
-        request waits for its KV instead)."""
-        if self.pd is not None and req.bootstrap is not None and self.pd.takes(req):
-            return
-        self.waiting.append(req)
-
-    def _poll_grammars(self) -> None:
-        for req in list(self.grammar_wait):
-            fut = req.grammar_future
-            if not fut.done():
-                if time.monotonic() - req.created_at > self.cfg.grammar_compile_timeout:
-                    fut.cancel()
-                    self.grammar_wait.remove(req)
-                    self._finish(req, {"type": "abort", "message":
-                                       f"grammar compile timed out after {self.cfg.grammar_compile_timeout:.0f}s"})
-                continue
-            self.grammar_wait.remove(req)
-            try:
-                req.grammar = fut.result()
-                if req.heal_prefix:
-                    req.grammar = HealingGrammar(req.heal_prefix, req.grammar, self.grammar_compiler.tok)
-            except Exception as e:
-                kind = (req.params.constraint or ("constraint",))[0]
-                self._finish(req, {"type": "abort", "message": f"invalid {kind}: {e}"})
-                continue
-            req.grammar_future = None
-            try:
-                if self.cfg.enable_jump_forward:
-                    self.out.jump_forward(req)
-            except Exception as e:  # out of the queues already: it must end here, not vanish
-                log.exception("jump-forward failed for request %s", req.rid)
-                self._finish(req, {"type": "abort", "message": f"internal error after the grammar compiled: {e}",
-                                   "status_code": 500})
-                continue
-            if req.finished:
-                self._finish(req, req.finish_reason)
-            else:
-                self._enqueue(req)
 
     def abort_all(self, message: str) -> int:
         """Finish every live request with an abort (engine shutdown); returns how many."""
