@@ -271,6 +271,48 @@ def test_bound_met_by_jump_forward_is_recorded(tok):
         g.accept_token(_token(tok, b"-"))
 
 
+def test_cached_grammar_whose_engine_failed_is_compiled_afresh(tok, native, monkeypatch):
+    """States accumulate over every request sharing a cached grammar: once they pass the
+    bound, the cache must not keep handing out that engine (every new path would fail
+    until restart). The next request compiles the spec afresh; in-flight requests keep
+    the old engine. The bound is lowered so the test builds 300 states, not 400,000."""
+    from sgl.runtime.constrained.native import binding
+
+    monkeypatch.setattr(binding, "MAX_STATES", 300)
+    registry.clear_memory_cache()
+    try:
+        rx = "x[a-z]{0,5000}"
+        first = registry.compile_tables("regex", rx, tok)
+        assert isinstance(first, CompiledNative) and not first.failed
+        assert registry.compile_tables("regex", rx, tok) is first  # a healthy engine is reused
+        old = first.new_matcher()
+        x, ab = _token(tok, b"x"), _token(tok, b"ab")
+        old.accept_token(x)
+        with pytest.raises(GrammarError, match="exceeds 300 states"):
+            for _ in range(1000):
+                old.accept_token(ab)
+        assert first.failed
+        fresh = registry.compile_tables("regex", rx, tok)
+        assert fresh is not first and not fresh.failed and fresh.num_states < 300
+        g = fresh.new_matcher()  # the same walk now gets 100 steps in before its own bound
+        g.accept_token(x)
+        for _ in range(100):
+            g.accept_token(ab)
+        assert registry.compile_tables("regex", rx, tok) is fresh
+        # The background compiler takes the same rule.
+        with pytest.raises(GrammarError, match="exceeds 300 states"):
+            for _ in range(1000):
+                g.accept_token(ab)
+        compiler = registry.GrammarCompiler(tok)
+        try:
+            m = compiler.submit("regex", rx).result(timeout=60)
+        finally:
+            compiler.shutdown()
+        assert m.compiled is not fresh and not m.compiled.failed
+    finally:
+        registry.clear_memory_cache()
+
+
 # ---------------------------------------------------------------------- deep stacks
 def test_pop_chain_deeper_than_the_c_stack(tok, native):
     """A byte that closes 200k accepting frames at once (CFG mode keeps them: the return

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import logging
 import threading
 from typing import Any
 
@@ -46,6 +47,7 @@ _INDEX_KINDS = ("regex", "json_schema", "choices")
 # its own tokens (README, "Structured output: boundary accuracy").
 DEFAULT_JSON_WHITESPACE = r"[ ]?"
 
+log = logging.getLogger(__name__)
 _memory: LRU[str, Any] = LRU(settings().grammar_cache_entries)
 
 
@@ -123,12 +125,23 @@ def _memory_key(kind: str, spec_s: str, tok: TokenizerInfo) -> str:
     return cache_key(f"{tag}/{grammar_backend()}", spec_s, tok.hash)
 
 
+def _cached(key: str) -> Any | None:
+    """The compiled grammar cached under `key`, unless its engine has failed: a native
+    engine that met its state bound (states accumulate over every request that shares
+    it) would fail each new path for good, so the next request compiles it afresh."""
+    hit = _memory.get(key)
+    if hit is not None and getattr(hit, "failed", False):
+        log.info("grammar %s: its cached engine failed (state bound or out of memory); compiling afresh", key[:12])
+        return None
+    return hit
+
+
 def compile_tables(kind: str, spec: Any, tok: TokenizerInfo, *, use_cache: bool = True) -> Any:
     """Compiled (shareable) tables for a spec; raises GrammarError for bad specs."""
     spec_s = normalize_spec(kind, spec)
     key = _memory_key(kind, spec_s, tok)
     if use_cache:
-        hit = _memory.get(key)
+        hit = _cached(key)
         if hit is not None:
             return hit
     compiled = _build(kind, spec_s, tok, key, use_cache)
@@ -327,7 +340,7 @@ class GrammarCompiler:
         except GrammarError as e:
             out.set_exception(e)
             return out
-        hit = _memory.get(key)
+        hit = _cached(key)
         if hit is not None:
             out.set_result(hit.new_matcher())
             return out

@@ -82,13 +82,18 @@ def words_of(cfg: Config) -> list[int]:
     return np.frombuffer(cfg, dtype=np.int32).tolist()
 
 
+MAX_STATES = 400_000  # DFA states one grammar's engine builds lazily, over all its machines
+
+
 class NativeEngine:
     """One grammar's machines in C. `json_mode`: more than `max_stacks` parallel stacks is
     an error (an ambiguous schema); otherwise (CFGs) the shortest are kept and idempotent
-    frames folded. `max_states` bounds the DFA states built lazily, over all machines."""
+    frames folded. `max_states` (default MAX_STATES) bounds the DFA states built lazily,
+    over all machines. Passing it is a sticky error: paths through states already built
+    still work, new ones fail (`failed()`)."""
 
     def __init__(self, n_machines: int, kind: str, *, json_mode: bool = True, max_stacks: int = 256,
-                 max_states: int = 400_000) -> None:
+                 max_states: int | None = None) -> None:
         lib = _library()
         if lib is None:
             raise RuntimeError("the native grammar engine is not available (no C compiler)")
@@ -96,7 +101,7 @@ class NativeEngine:
         self.kind = kind
         self.json_mode = json_mode
         self.n_machines = n_machines
-        self.max_states = max_states
+        self.max_states = max_states = MAX_STATES if max_states is None else max_states
         self._h = lib.sgl_gram_new(n_machines, int(json_mode), max_stacks, max_states)
         if not self._h:
             raise MemoryError("sgl_gram_new: out of memory")
@@ -231,7 +236,12 @@ class NativeEngine:
         """DFA states built so far (all machines), frame masks cached, frame walks made."""
         out = np.zeros(5, dtype=np.int64)
         self._lib.sgl_gram_stats(self._h, out.ctypes.data)
-        return {"states": int(out[0]), "frame_masks": int(out[3]), "frame_walks": int(out[4])}
+        return {"states": int(out[0]), "status": int(out[2]), "frame_masks": int(out[3]),
+                "frame_walks": int(out[4])}
+
+    def failed(self) -> bool:
+        """Whether the engine has met a sticky error (its state bound, out of memory)."""
+        return self.stats()["status"] != OK
 
     def num_states(self) -> int:
         return self.stats()["states"]

@@ -70,6 +70,11 @@ class CompiledNative:
     def num_machines(self) -> int:
         return self.engine.n_machines
 
+    @property
+    def failed(self) -> bool:
+        """The engine met a sticky error: new paths fail for every request sharing it."""
+        return self.engine.failed()
+
     def new_matcher(self) -> "NativeGrammar":
         return NativeGrammar(self)
 
