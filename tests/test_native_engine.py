@@ -223,6 +223,27 @@ def test_state_bound_is_a_sticky_engine_error(tok):
             g.accept_token(ab)
 
 
+def test_state_sets_have_a_byte_budget(tok):
+    """Each DFA state of x(?:[a-z]?){2000} holds ~2,000 NFA members (8 KB): a budget on
+    those bytes, not only on the state count, stops such a grammar long before the
+    states would (a nested repeat makes each state hold millions: GBs per request).
+    Like the state bound, it is a sticky error with its own message."""
+    c = CompiledNative(_regex_engine("x(?:[a-z]?){2000}", max_set_bytes=64 << 10), tok, "regex")
+    eng, cfg = c.engine, c.initial
+    assert not c.failed
+    with pytest.raises(GrammarError, match="more than 64 KB of DFA state sets"):
+        cfg = eng.step(cfg, b"x")
+        for _ in range(100):
+            cfg = eng.step(cfg, b"a")
+    assert c.failed and 2 <= c.num_states <= 12  # 64 KB / 8 KB per state, not 100 states
+    with pytest.raises(GrammarError, match="DFA state sets"):  # sticky: the next walk fails at the same frontier
+        eng.step(c.initial, b"x" + b"a" * 100)
+    # A small NFA never comes near the default budget.
+    small = CompiledNative(_regex_engine("x[a-z]{0,50}"), tok, "regex")
+    cfg = small.engine.step(small.initial, b"x" + b"a" * 50)
+    assert small.engine.can_end(cfg) and not small.failed
+
+
 def test_state_bound_ends_only_the_request(tok):
     """Masks, end tests and jump-forward of a request that meets the bound answer
     harmlessly and record the error; its next accept_token raises it, which the

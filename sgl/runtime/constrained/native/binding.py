@@ -28,7 +28,7 @@ class GrammarOutOfMemory(GrammarError, MemoryError):
 _DIR = Path(__file__).parent
 _SOURCES = [_DIR / n for n in ("grammar.h", "pushdown.h", "regex_nfa.c", "lazy_dfa.c", "pushdown_walk.c",
                                "mask_walk.c", "token_slices.c", "engine_api.c")]
-OK, UNSUPPORTED, TOO_LARGE, EMPTY, NOMEM, EMPTY_SUB, TOO_MANY, BAD_CONFIG = range(8)
+OK, UNSUPPORTED, TOO_LARGE, EMPTY, NOMEM, EMPTY_SUB, TOO_MANY, BAD_CONFIG, SETS_TOO_LARGE = range(9)
 _ERR_BUFFER = 100
 RE_CALLS = 1
 Config = bytes  # flat configuration, int32 words
@@ -42,7 +42,7 @@ def _library() -> ctypes.CDLL | None:
         lib = build_library("grammar", _SOURCES)
         if lib is not None:
             sig = {
-                "sgl_gram_new": (_P, [_I32, _I32, _I32, _I64]),
+                "sgl_gram_new": (_P, [_I32, _I32, _I32, _I64, _I64]),
                 "sgl_gram_free": (None, [_P]),
                 "sgl_gram_set_regex": (_I32, [_P, _I32, ctypes.c_char_p, _I64, _P, _I32, _I32, _I32, _I64,
                                               ctypes.c_char_p, _I32]),
@@ -83,17 +83,19 @@ def words_of(cfg: Config) -> list[int]:
 
 
 MAX_STATES = 400_000  # DFA states one grammar's engine builds lazily, over all its machines
+MAX_SET_BYTES = 256 << 20  # and the bytes of those states' NFA member sets
 
 
 class NativeEngine:
     """One grammar's machines in C. `json_mode`: more than `max_stacks` parallel stacks is
     an error (an ambiguous schema); otherwise (CFGs) the shortest are kept and idempotent
     frames folded. `max_states` (default MAX_STATES) bounds the DFA states built lazily,
-    over all machines. Passing it is a sticky error: paths through states already built
-    still work, new ones fail (`failed()`)."""
+    over all machines, and `max_set_bytes` (default MAX_SET_BYTES) their member sets.
+    Passing either is a sticky error: paths through states already built still work, new
+    ones fail (`failed()`)."""
 
     def __init__(self, n_machines: int, kind: str, *, json_mode: bool = True, max_stacks: int = 256,
-                 max_states: int | None = None) -> None:
+                 max_states: int | None = None, max_set_bytes: int | None = None) -> None:
         lib = _library()
         if lib is None:
             raise RuntimeError("the native grammar engine is not available (no C compiler)")
@@ -102,7 +104,8 @@ class NativeEngine:
         self.json_mode = json_mode
         self.n_machines = n_machines
         self.max_states = max_states = MAX_STATES if max_states is None else max_states
-        self._h = lib.sgl_gram_new(n_machines, int(json_mode), max_stacks, max_states)
+        self.max_set_bytes = max_set_bytes = MAX_SET_BYTES if max_set_bytes is None else max_set_bytes
+        self._h = lib.sgl_gram_new(n_machines, int(json_mode), max_stacks, max_states, max_set_bytes)
         if not self._h:
             raise MemoryError("sgl_gram_new: out of memory")
         self._keep: list[object] = []  # arrays the engine borrows
@@ -118,6 +121,10 @@ class NativeEngine:
             return GrammarError(f"{self.kind}: the grammar's automaton exceeds {self.max_states:,} states{what}")
         if status == EMPTY:
             return GrammarError(f"{self.kind}: the grammar matches nothing")
+        if status == SETS_TOO_LARGE:
+            b = self.max_set_bytes
+            size = f"{b >> 20:,} MB" if b >= 1 << 20 else f"{b >> 10:,} KB"
+            return GrammarError(f"{self.kind}: the grammar's automaton needs more than {size} of DFA state sets{what}")
         if status == TOO_MANY:
             return GrammarError(f"{self.kind}: too many parallel parses (ambiguous schema)")
         if status == NOMEM:  # this grammar's request fails, not the whole batch it is in

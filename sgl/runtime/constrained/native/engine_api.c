@@ -10,7 +10,8 @@
 
 #include "grammar.h"
 
-Engine *sgl_gram_new(int32_t n_machines, int32_t json_mode, int32_t max_stacks, int64_t max_states) {
+Engine *sgl_gram_new(int32_t n_machines, int32_t json_mode, int32_t max_stacks, int64_t max_states,
+                     int64_t max_set_bytes) {
     Engine *E = calloc(1, sizeof(Engine));
     if (!E) return NULL;
     E->n = n_machines;
@@ -39,6 +40,7 @@ Engine *sgl_gram_new(int32_t n_machines, int32_t json_mode, int32_t max_stacks, 
     E->json_mode = json_mode;
     E->max_stacks = max_stacks;
     E->max_states = max_states;
+    E->max_set_members = max_set_bytes / (int64_t)sizeof(int32_t);
     pthread_mutex_init(&E->mu, NULL);
     return E;
 }

@@ -28,6 +28,7 @@
 #define G_EMPTY_SUB 5   /* a sub-machine matches the empty string (JSON mode) */
 #define G_TOO_MANY 6    /* more parallel stacks than allowed (JSON mode) */
 #define G_BAD_CONFIG 7  /* a configuration names a machine or state that does not exist */
+#define G_SETS_TOO_LARGE 8 /* the DFA states' member sets passed their budget (bytes, not states) */
 
 #define MAX_CP 0x10FFFF
 #define MARKER_BASE 0x10F000 /* call markers U+10F000 + callee - 1 (machine mode) */
@@ -135,6 +136,7 @@ typedef struct {
     int json_mode;  /* 1: refuse > max_stacks; 0 (CFG): fold idempotent frames, keep the shortest */
     int max_stacks;
     int64_t max_states, total_states;
+    int64_t max_set_members, set_members; /* NFA members over all interned DFA state sets */
     int status;     /* sticky: a failed expansion poisons the engine */
     int finalized;
     pthread_mutex_t mu;

@@ -46,8 +46,9 @@ static int set_rehash(SetTable *t) {
     return 0;
 }
 
-/* Id of the member list `s` (interned); *fresh = 1 when new; -1 on memory failure. */
-static int64_t set_intern(SetTable *t, const int32_t *s, int64_t n, int *fresh) {
+/* Id of the member list `s` (interned); *fresh = 1 when new; -1 on memory failure; -2
+ * when it is new and longer than `room` (members left in the engine's budget). */
+static int64_t set_intern(SetTable *t, const int32_t *s, int64_t n, int *fresh, int64_t room) {
     if (t->off.n * 2 >= t->hcap && set_rehash(t)) return -1;
     int64_t j = (int64_t)(hash_set(s, n) & (uint64_t)(t->hcap - 1));
     while (t->htab[j] >= 0) {
@@ -59,6 +60,7 @@ static int64_t set_intern(SetTable *t, const int32_t *s, int64_t n, int *fresh) 
         }
         j = (j + 1) & (t->hcap - 1);
     }
+    if (n > room) return -2;
     int64_t d = t->off.n, o = t->pool.n;
     int32_t n32 = (int32_t)n;
     if (vec_reserve(&t->pool, o + n) || vec_push(&t->off, &o) || vec_push(&t->len, &n32)) return -1;
@@ -135,12 +137,16 @@ static int64_t closure(Machine *M, const int32_t *seeds, int64_t nseeds, int sen
     return no;
 }
 
-/* The DFA state of the closure in M->out[0..n): interned, appended when new. */
+/* The DFA state of the closure in M->out[0..n): interned, appended when new. States of
+ * huge NFAs can each hold millions of members, so their bytes have a budget of their own
+ * besides the state count (one such request would otherwise take GBs). */
 static int64_t intern_closure(Engine *E, Machine *M, int64_t n) {
     int fresh = 0;
-    int64_t d = set_intern(&M->sets, M->out, n, &fresh);
+    int64_t d = set_intern(&M->sets, M->out, n, &fresh, E->max_set_members - E->set_members);
+    if (d == -2) return -G_SETS_TOO_LARGE;
     if (d < 0) return -G_NOMEM;
     if (!fresh) return d;
+    E->set_members += n;
     int64_t s = machine_new_state(E, M);
     if (s < 0) return s;
     int acc = 0;
