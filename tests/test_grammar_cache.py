@@ -63,6 +63,43 @@ def test_disk_cache_survives_new_process(tmp_path):
     assert first.stdout == second.stdout
 
 
+@pytest.mark.parametrize("bad", ["wrong width", "target out of range", "short accept", "not a DFA"])
+def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad):
+    """A byte DFA read back from the disk cache with the wrong shape or targets (another
+    version's pickle, a damaged file) is rebuilt and rewritten: before,
+    the numpy backend raised in every request using it."""
+    import numpy as np
+
+    from sgl.runtime.constrained import dfa_build
+    from sgl.runtime.constrained.byte_dfa import ByteDFA
+    from sgl.runtime.constrained.cache import DiskCache, cache_key
+
+    rx = "[a-c]{2}x"
+    good = dfa_build.build_byte_dfa(rx, "regex")
+    assert good.well_formed()
+    n = good.trans.shape[0]
+    damaged = {
+        "wrong width": ByteDFA(good.trans[:, :100].copy(), good.accept, good.initial),
+        "target out of range": ByteDFA(np.where(good.trans >= 0, good.trans + n, -1), good.accept, good.initial),
+        "short accept": ByteDFA(good.trans, good.accept[:-1], good.initial),
+        "not a DFA": ByteDFA(good.trans, good.accept, n + 5),
+    }[bad]
+    assert not damaged.well_formed()
+    disk = DiskCache(tmp_path)
+    key = cache_key(f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}", rx, "bytes")
+    disk.put(key, damaged)
+    got = registry._cached_dfa(rx, "regex", disk)
+    assert got.well_formed() and np.array_equal(got.trans, good.trans)
+    assert disk.get(key).well_formed()  # rewritten: the next process reads the good one
+    disk.put(key, damaged)  # and the numpy backend, compiling through the same cache, still matches
+    g = registry._build_lazy(rx, tok, "regex", disk).new_matcher()
+    for t in greedy_encode(tok, "abx"):
+        g.accept_token(t)
+    mask = torch.zeros(tok.vocab_size, dtype=torch.bool)
+    g.fill_mask(mask)
+    assert mask[list(tok.eos_token_ids)].all() and mask.sum() == len(tok.eos_token_ids)  # complete: only EOS
+
+
 def test_async_compiler(tok):
     comp = GrammarCompiler(tok, max_workers=1, timeout_s=60)
     try:

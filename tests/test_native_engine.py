@@ -197,6 +197,20 @@ def test_setup_after_finalize_is_an_error():
         eng.export(5)
 
 
+def test_table_of_the_wrong_shape_is_refused():
+    """The C side reads n x 256 targets and n accept flags: a table of another shape is a
+    GrammarError, never a read past the arrays."""
+    eng = NativeEngine(1, "regex")
+    trans = np.full((3, 256), -1, dtype=np.int32)
+    with pytest.raises(GrammarError, match="expected \\[n, 256\\] and \\[n\\]"):
+        eng.set_table(0, trans[:, :100], np.ones(3, dtype=bool))
+    with pytest.raises(GrammarError, match="expected"):
+        eng.set_table(0, trans, np.ones(2, dtype=bool))
+    with pytest.raises(GrammarError, match="expected"):
+        eng.set_table(0, trans.reshape(-1), np.ones(3, dtype=bool))
+    eng.set_table(0, trans, np.ones(3, dtype=bool))  # the machine is still settable
+
+
 # ---------------------------------------------------------------------- the state bound
 def _bounded(tok, max_states: int) -> CompiledNative:
     return CompiledNative(_regex_engine("x[a-z]{0,5000}", max_states=max_states), tok, "regex")

@@ -252,7 +252,7 @@ def _cached_dfa(regex: str, kind: str, disk: DiskCache | None) -> Any:
     # A byte DFA does not depend on the vocabulary: one entry serves every tokenizer.
     disk_key = cache_key(f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}", regex, "bytes")
     dfa = disk.get(disk_key) if disk is not None else None
-    if not isinstance(dfa, ByteDFA):
+    if not isinstance(dfa, ByteDFA) or not dfa.well_formed():
         dfa = dfa_build.build_byte_dfa(regex, kind)
         if disk is not None:
             disk.put(disk_key, dfa)

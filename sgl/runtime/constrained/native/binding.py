@@ -156,6 +156,9 @@ class NativeEngine:
         """Machine m as a DFA table; calls are (state, callee, return state)."""
         t = np.ascontiguousarray(trans, dtype=np.int32)
         a = np.ascontiguousarray(accept, dtype=np.uint8)
+        if t.ndim != 2 or t.shape[1] != 256 or a.shape != (t.shape[0],):  # the C side reads n x 256 and n
+            raise GrammarError(f"{self.kind}: table machine {m} has rows {t.shape} and accept {a.shape}; "
+                               "expected [n, 256] and [n]")
         cs = np.array(sorted(calls), dtype=np.int32).reshape(-1, 3)
         src, callee, ret = (np.ascontiguousarray(cs[:, k]) for k in range(3))
         rc = self._lib.sgl_gram_set_table(self._h, m, t.ctypes.data, a.ctypes.data, t.shape[0], src.ctypes.data,
