@@ -63,8 +63,8 @@ def test_disk_cache_survives_new_process(tmp_path):
     assert first.stdout == second.stdout
 
 
-@pytest.mark.parametrize("bad", ["wrong width", "target out of range", "short accept", "not a DFA"])
-def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad):
+@pytest.mark.parametrize("bad", ["wrong width", "target out of range", "short accept", "not a DFA", "old pickle"])
+def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad, monkeypatch):
     """A byte DFA read back from the disk cache with the wrong shape or targets (another
     version's pickle, a damaged file) is rebuilt and rewritten: before,
     the numpy backend raised in every request using it."""
@@ -83,6 +83,7 @@ def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad):
         "target out of range": ByteDFA(np.where(good.trans >= 0, good.trans + n, -1), good.accept, good.initial),
         "short accept": ByteDFA(good.trans, good.accept[:-1], good.initial),
         "not a DFA": ByteDFA(good.trans, good.accept, n + 5),
+        "old pickle": ByteDFA.__new__(ByteDFA),  # no fields at all
     }[bad]
     assert not damaged.well_formed()
     disk = DiskCache(tmp_path)
@@ -91,8 +92,10 @@ def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad):
     got = registry._cached_dfa(rx, "regex", disk)
     assert got.well_formed() and np.array_equal(got.trans, good.trans)
     assert disk.get(key).well_formed()  # rewritten: the next process reads the good one
-    disk.put(key, damaged)  # and the numpy backend, compiling through the same cache, still matches
+    disk.put(key, damaged)  # and the numpy backend, which compiles through the same cache, still matches
+    monkeypatch.setenv("SGL_REGEX_BACKEND", "lazy")
     g = registry._build_lazy(rx, tok, "regex", disk).new_matcher()
+    assert disk.get(key).well_formed()
     for t in greedy_encode(tok, "abx"):
         g.accept_token(t)
     mask = torch.zeros(tok.vocab_size, dtype=torch.bool)

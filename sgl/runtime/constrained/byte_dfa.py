@@ -52,13 +52,13 @@ class ByteDFA:
         """Shapes and targets a table must have. A DFA read back from the disk cache is
         checked: a foreign or damaged pickle costs a rebuild, not an IndexError in every
         request that uses it (or a read out of bounds in the C engine)."""
-        t, a = self.trans, self.accept
+        t, a, initial = (getattr(self, k, None) for k in ("trans", "accept", "initial"))  # old pickles may lack one
         if not isinstance(t, np.ndarray) or not isinstance(a, np.ndarray) or t.ndim != 2 or t.shape[1] != 256:
             return False
         n = t.shape[0]
-        if a.shape != (n,) or not np.issubdtype(t.dtype, np.integer) or not isinstance(self.initial, (int, np.integer)):
+        if a.shape != (n,) or not np.issubdtype(t.dtype, np.integer) or not isinstance(initial, (int, np.integer)):
             return False
-        return 0 <= self.initial < n and bool(((t >= -1) & (t < n)).all())
+        return 0 <= initial < n and bool(((t >= -1) & (t < n)).all())
 
 
 def regex_to_byte_dfa(regex: str) -> ByteDFA:

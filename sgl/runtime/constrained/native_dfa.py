@@ -19,7 +19,8 @@ from .byte_dfa import ByteDFA
 from .native.binding import NativeEngine, available
 from .native.shorthand import shorthand_tables
 
-# A regex whose whole DFA passes this is refused here (1 KB of table per state).
+# A regex whose whole DFA passes this is refused here (1 KB of table per state), as is one
+# whose states' NFA member sets pass the engine's byte budget (binding.MAX_SET_BYTES).
 MAX_DFA_STATES = 200_000
 
 

@@ -123,7 +123,7 @@ class NativeEngine:
             return GrammarError(f"{self.kind}: the grammar matches nothing")
         if status == SETS_TOO_LARGE:
             b = self.max_set_bytes
-            size = f"{b >> 20:,} MB" if b >= 1 << 20 else f"{b >> 10:,} KB"
+            size = f"{b >> 20:,} MB" if b >= 1 << 20 else f"{b >> 10:,} KB" if b >= 1 << 10 else f"{b:,} bytes"
             return GrammarError(f"{self.kind}: the grammar's automaton needs more than {size} of DFA state sets{what}")
         if status == TOO_MANY:
             return GrammarError(f"{self.kind}: too many parallel parses (ambiguous schema)")
