@@ -72,7 +72,7 @@ def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad, monkeypatch):
 
     from sgl.runtime.constrained import dfa_build
     from sgl.runtime.constrained.byte_dfa import ByteDFA
-    from sgl.runtime.constrained.cache import DiskCache, cache_key
+    from sgl.runtime.constrained.cache import DiskCache
 
     rx = "[a-c]{2}x"
     good = dfa_build.build_byte_dfa(rx, "regex")
@@ -87,7 +87,7 @@ def test_damaged_disk_dfa_is_rebuilt(tok, tmp_path, bad, monkeypatch):
     }[bad]
     assert not damaged.well_formed()
     disk = DiskCache(tmp_path)
-    key = cache_key(f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}", rx, "bytes")
+    key = registry.dfa_disk_key(rx)
     disk.put(key, damaged)
     got = registry._cached_dfa(rx, "regex", disk)
     assert got.well_formed() and np.array_equal(got.trans, good.trans)

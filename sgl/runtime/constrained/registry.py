@@ -245,12 +245,19 @@ def _build_lazy(regex: str, tok: TokenizerInfo, kind: str, disk: DiskCache | Non
     return CompiledLazyRegex(_cached_dfa(regex, kind, disk), tok, kind)
 
 
+def dfa_disk_key(regex: str) -> str:
+    """The disk-cache key of a regex's byte DFA. A byte DFA does not depend on the
+    vocabulary: one entry serves every tokenizer."""
+    from . import dfa_build
+
+    return cache_key(f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}", regex, "bytes")
+
+
 def _cached_dfa(regex: str, kind: str, disk: DiskCache | None) -> Any:
     from . import dfa_build
     from .byte_dfa import ByteDFA
 
-    # A byte DFA does not depend on the vocabulary: one entry serves every tokenizer.
-    disk_key = cache_key(f"{dfa_build.DFA_VERSION}/{dfa_build.dfa_engine()}", regex, "bytes")
+    disk_key = dfa_disk_key(regex)
     dfa = disk.get(disk_key) if disk is not None else None
     if not isinstance(dfa, ByteDFA) or not dfa.well_formed():
         dfa = dfa_build.build_byte_dfa(regex, kind)
