@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sgl.runtime.config import QUANTIZATION_CHOICES
+from sgl.runtime.memory import huge_pages
 from sgl.runtime.models.gguf_convert import _unpermute, hf_config_from_fields, read_fields
 
 # Block types the C products handle (kernels/cpu/quant.c), by GGML type id.
@@ -185,6 +186,11 @@ def _load(path: Path) -> GGUFBlocks:
 
 
 def load_gguf_blocks(hf_dir: Path, gguf: Path) -> GGUFBlocks:
+    """The blocks of `gguf` (_cached_blocks), on huge pages."""
+    return _on_huge_pages(_cached_blocks(hf_dir, gguf))
+
+
+def _cached_blocks(hf_dir: Path, gguf: Path) -> GGUFBlocks:
     """The blocks of `gguf`, from the cache in its converted folder `hf_dir` (written on
     first use; where the folder is read-only, read from the file every time)."""
     cached = Path(hf_dir) / BLOCKS_FILE
@@ -198,4 +204,14 @@ def load_gguf_blocks(hf_dir: Path, gguf: Path) -> GGUFBlocks:
         _save(blocks, cached)
     except OSError as e:
         log.info("could not cache the GGUF blocks in %s: %s", hf_dir, e)
+    return blocks
+
+
+def _on_huge_pages(blocks: GGUFBlocks) -> GGUFBlocks:
+    """`blocks` with every matrix moved into one block of huge pages (memory/huge_pages.py):
+    each decode step streams all of them."""
+    weights = [w for layer in blocks.layers for w in layer.values()]
+    weights += [w for w in (blocks.embed, blocks.head) if w is not None]
+    for w, data in zip(weights, huge_pages.pack([w.data for w in weights])):
+        w.data = data
     return blocks
