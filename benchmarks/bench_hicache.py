@@ -21,7 +21,12 @@ server, 1 new token); host = the host -> device copy (HostKVPool.load); file / r
 read + verify + fill of the 64 pages from the backend, plus the host -> device copy. The
 copies use the served model's KV layout and dtype.
 
-Run: .venv/bin/python benchmarks/bench_hicache.py [--quick] [--configs radix,host,file,redis]
+`--rounds N` runs the configurations N times in turn (radix, host, ..., radix, host, ...),
+each round's file and redis rows from an empty store; the table shows medians, and `x radix`
+is the median of each round's ratio to that round's radix row: this host's speed drifts
+~10% over minutes, which one round per configuration cannot tell from a change.
+
+Run: .venv/bin/python benchmarks/bench_hicache.py [--quick] [--configs radix,host,file,redis] [--rounds N]
 Writes benchmarks/results/bench_hicache[.quick].json.
 """
 
@@ -33,6 +38,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -230,11 +236,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="extra sgl.launch_server flags for every configuration")
     p.add_argument("--reps", type=int, default=5, help="repetitions of the 1k-token cost measurements")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, in turn; the table shows medians")
     p.add_argument("--quick", action="store_true", help="smoke run: 6 docs x 400 tokens, 2 questions, 1 rep")
     a = p.parse_args()
     if a.quick:
         a.docs, a.doc_tokens, a.questions, a.reps, a.max_total_tokens = 6, 400, 2, 1, 1024
     return a
+
+
+def summary_row(name: str, rs: list[dict[str, Any]], radix: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One config's table row: medians over the rounds; `x radix` is the median of each
+    round's ratio to the radix row of the same round (the host's speed drifts between rounds)."""
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rs)
+    ratios = [r["req_s"] / b["req_s"] for r, b in zip(rs, radix or []) if b["req_s"]]
+    row = {"config": name, "hit rate": med("hit_rate"), "host hit": med("hit_host"),
+           "storage hit": med("hit_storage"), "req/s": med("req_s"),
+           "x radix": statistics.median(ratios) if ratios else "",
+           "TTFT p50 s": med("ttft_p50"), "TTFT p99 s": med("ttft_p99"), "errors": sum(r["errors"] for r in rs)}
+    if len(rs) > 1:
+        row["x radix per round"] = " / ".join(f"{x:.2f}" for x in ratios)
+    return row
 
 
 def main() -> int:
@@ -245,29 +268,32 @@ def main() -> int:
     reqs = workload(args)
     print(f"cpu: {cpu_model()}; {len(reqs)} requests over {args.docs} docs x {args.doc_tokens} tokens, "
           f"device pool {args.max_total_tokens} tokens", flush=True)
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {}  # the last round's result per config
+    rounds: dict[str, list[dict[str, Any]]] = {}
     costs: dict[str, float] = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="sgl-bench-hicache-") as tmp:
         redis = start_redis() if "redis" in configs else None
         if redis is not None:
             stack.callback(redis.stop)
-        for name in configs:
-            with server_proc(name, args, tmp, redis.url if redis else None) as srv:
-                url = srv.url  # type: ignore[attr-defined]
-                results[name] = asyncio.run(run_workload(url, reqs, args))
-                r = results[name]
-                print(f"  {name}: hit {r['hit_rate']:.3f} (device {r['hit_device']:.3f} host {r['hit_host']:.3f} "
-                      f"storage {r['hit_storage']:.3f}), {r['req_s']:.2f} req/s, TTFT p50 {r['ttft_p50']:.3f} s "
-                      f"p99 {r['ttft_p99']:.3f} s, errors {r['errors']}", flush=True)
-                if name == configs[0]:
-                    info = httpx.get(url + "/get_server_info", timeout=60).json()
-                    costs["recompute"] = recompute_ms(url, args.reps, min(LOAD_TOKENS, args.max_total_tokens // 2))
-                    costs.update(tier_load_ms(info, tmp, redis.url if redis else None, max(args.reps, 3)))
-    base = results.get("radix", {})
-    rows = [{"config": n, "hit rate": r["hit_rate"], "host hit": r["hit_host"], "storage hit": r["hit_storage"],
-             "req/s": r["req_s"], "x radix": r["req_s"] / base["req_s"] if base.get("req_s") else "",
-             "TTFT p50 s": r["ttft_p50"], "TTFT p99 s": r["ttft_p99"], "errors": r["errors"]}
-            for n, r in results.items()]
+        for rnd in range(args.rounds):
+            for name in configs:
+                if redis is not None and name == "redis" and rnd:
+                    redis.restart()  # an empty store (no persistence), as the first round had
+                with server_proc(name, args, tmp, redis.url if redis else None) as srv:
+                    url = srv.url  # type: ignore[attr-defined]
+                    r = asyncio.run(run_workload(url, reqs, args))
+                    rounds.setdefault(name, []).append(r)
+                    results[name] = r
+                    print(f"  {name}: hit {r['hit_rate']:.3f} (device {r['hit_device']:.3f} host {r['hit_host']:.3f} "
+                          f"storage {r['hit_storage']:.3f}), {r['req_s']:.2f} req/s, TTFT p50 {r['ttft_p50']:.3f} s "
+                          f"p99 {r['ttft_p99']:.3f} s, errors {r['errors']}", flush=True)
+                    if name == configs[0] and rnd == 0:
+                        info = httpx.get(url + "/get_server_info", timeout=60).json()
+                        costs["recompute"] = recompute_ms(url, args.reps, min(LOAD_TOKENS, args.max_total_tokens // 2))
+                        costs.update(tier_load_ms(info, tmp, redis.url if redis else None, max(args.reps, 3)))
+                if name == "file":  # the next round's file row starts from an empty directory too
+                    shutil.rmtree(os.path.join(tmp, "file-store"), ignore_errors=True)
+    rows = [summary_row(n, rs, rounds.get("radix")) for n, rs in rounds.items()]
     print_table(f"{len(reqs)} requests, {args.docs} docs x {args.doc_tokens} tokens x {args.questions} questions, "
                 f"concurrency {args.concurrency}, device pool {args.max_total_tokens}", rows)
     cost_rows = [{"source": k, "ms per 1k tokens": v,
@@ -275,7 +301,7 @@ def main() -> int:
                  for k, v in costs.items()]
     print_table("bringing 1,024 tokens of KV to the device pool", cost_rows)
     write_json("bench_hicache.quick.json" if args.quick else "bench_hicache.json",
-               {"args": vars(args), "rows": rows, "results": results, "load_cost_ms": costs})
+               {"args": vars(args), "rows": rows, "results": results, "rounds": rounds, "load_cost_ms": costs})
     return 0
 
 
