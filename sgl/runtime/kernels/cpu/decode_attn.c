@@ -264,17 +264,8 @@ static void block_fused(const bf16 *q, const bf16 *K, const bf16 *V, const int64
                 prefetch_l1(V + slots[j + jj + 16] * row, bytes);
             }
             const bf16 *k = K + slots[j + jj] * row;
-            if (d == 64) /* each K/V head's two vectors loaded once for its query group */
-                for (int g = 0, h = 0; g < nkv; g++) {
-                    __m512bh k0 = (__m512bh)_mm512_loadu_si512(k + 64 * g), k1 = (__m512bh)_mm512_loadu_si512(k + 64 * g + 32);
-                    for (int r = 0; r < group; r++, h++)
-                        tile[h][jj] = _mm512_dpbf16_ps(
-                            _mm512_dpbf16_ps(_mm512_setzero_ps(), k0, (__m512bh)_mm512_loadu_si512(q + 64 * h)), k1,
-                            (__m512bh)_mm512_loadu_si512(q + 64 * h + 32));
-                }
-            else
-                for (int h = 0; h < nh; h++)
-                    tile[h][jj] = dot_acc(_mm512_setzero_ps(), k + (int64_t)(h / group) * d, q + (int64_t)h * d, d);
+            for (int h = 0; h < nh; h++)
+                tile[h][jj] = dot_acc(_mm512_setzero_ps(), k + (int64_t)(h / group) * d, q + (int64_t)h * d, d);
         }
         for (int h = 0; h < nh; h++) {
             __m512 s = _mm512_mul_ps(hsum16(tile[h]), sc);
