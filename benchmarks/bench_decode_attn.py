@@ -7,9 +7,10 @@ runs interleaved over `--rounds` so a host's drift moves both alike, medians rep
   --ab pages    the working tree's kernel with the pool on 4 KB vs 2 MB pages
 
 The harness (benchmarks/c/decode_attn_bench.c) runs SmolLM2-135M's shapes (30 layers, 9
-query heads over 3 K/V heads of 64) for each case "rows x context", with slots in order
-or scattered over a pool of `--pool-slots`, on 1 or 2 threads, built with the system C
-compiler at -O3 -march=native like the engine's kernels.
+query heads over 3 K/V heads of 64) for each case "rows x context", with slots in order,
+scattered or in shuffled pages over a pool of `--pool-slots`, on 1 or 2 threads, built with the system C
+compiler at -O3 -march=native like the engine's kernels. `--slots pages` shuffles whole
+16-slot pages, the layout the engine's default page size gives.
 
 Run: .venv/bin/python benchmarks/bench_decode_attn.py [--ab source --base HEAD~1 | --ab pages]
      [--cases 1x1500,2x1500,1x4000] [--pool-slots 65536] [--rounds 5]
@@ -34,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 KERNELS = "sgl/runtime/kernels/cpu"
 SOURCES = ("decode_attn.c", "decode_attn.h", "simd.h", "team.c", "team.h")
 HARNESS = REPO / "benchmarks" / "c" / "decode_attn_bench.c"
+SLOTS = ("contiguous", "scattered", "pages")  # the harness's SCATTERED argument: 0, 1, 2
 
 
 def kernel_dir(rev: str | None, into: Path) -> Path:
@@ -56,10 +58,10 @@ def build(src: Path, out: Path) -> Path:
     return out
 
 
-def run(binary: Path, rows: int, context: int, scattered: bool, threads: int, pool: int, huge: bool,
+def run(binary: Path, rows: int, context: int, slots: int, threads: int, pool: int, huge: bool,
         reps: int) -> tuple[float, str]:
-    """(median ms per step of the 30 layers' attention, output hash)."""
-    args = [rows, context, int(scattered), threads, pool, int(huge), reps]
+    """(median ms per step of the 30 layers' attention, output hash); `slots` indexes SLOTS."""
+    args = [rows, context, slots, threads, pool, int(huge), reps]
     out = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, check=True).stdout.split()
     return float(out[0]), out[3]
 
@@ -70,7 +72,8 @@ def main() -> None:
     ap.add_argument("--base", default="HEAD", help="--ab source: the git revision to compare the working tree with")
     ap.add_argument("--pages", choices=("small", "huge"), default="huge", help="--ab source: the pool's pages")
     ap.add_argument("--cases", default="1x1500,2x1500,4x1500,1x4000", help="rows x context of each case")
-    ap.add_argument("--slots", default="contiguous,scattered", help="contiguous and/or scattered")
+    ap.add_argument("--slots", default="contiguous,scattered",
+                    help="contiguous, scattered (single slots at random), pages (16-slot pages at random)")
     ap.add_argument("--threads", default="2", help="thread counts, e.g. 1,2")
     ap.add_argument("--pool-slots", type=int, default=65536, help="pool size: scattered slots spread over it")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median of each case is kept")
@@ -86,7 +89,7 @@ def main() -> None:
             names = ("4 KB pages", "2 MB pages")
             binary = build(kernel_dir(None, t / "b"), t / "b.bin")
             bins, huge = (binary, binary), (False, True)
-        cases = [(int(r), int(c), s == "scattered", int(th)) for rc in args.cases.split(",")
+        cases = [(int(r), int(c), SLOTS.index(s), int(th)) for rc in args.cases.split(",")
                  for r, c in [rc.split("x")] for s in args.slots.split(",") for th in args.threads.split(",")]
         ms: dict[tuple, list[list[float]]] = {case: [[], []] for case in cases}
         hashes: dict[tuple, list[set[str]]] = {case: [set(), set()] for case in cases}
@@ -97,12 +100,12 @@ def main() -> None:
                     ms[case][v].append(m)
                     hashes[case][v].add(h)
     table, out = [], []
-    for (rows, ctx, scattered, threads), (a, b) in ms.items():
+    for (rows, ctx, slots, threads), (a, b) in ms.items():
         ma, mb = statistics.median(a), statistics.median(b)
-        row = {"rows": rows, "context": ctx, "slots": "scattered" if scattered else "contiguous", "threads": threads,
+        row = {"rows": rows, "context": ctx, "slots": SLOTS[slots], "threads": threads,
                f"{names[0]} ms": ma, f"{names[1]} ms": mb, "speed-up": ma / mb}
         if args.ab == "source":
-            row["same bits"] = hashes[(rows, ctx, scattered, threads)][0] == hashes[(rows, ctx, scattered, threads)][1]
+            row["same bits"] = hashes[(rows, ctx, slots, threads)][0] == hashes[(rows, ctx, slots, threads)][1]
         table.append(row)
         out.append({**row, "runs": {names[0]: a, names[1]: b}})
     print(f"cpu: {cpu_model()}; pool of {args.pool_slots} slots; median of {args.rounds} interleaved rounds")

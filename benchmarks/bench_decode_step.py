@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timings per (variant, rows); the median is kept")
     ap.add_argument("--quantization", default="none,gguf", help="weights: none (bf16), gguf (the file's blocks)")
     ap.add_argument("--pool-slots", type=int, default=0,
-                    help="KV pool size in tokens (default: just the rows' tokens); scattered slots spread over all of it")
+                    help="KV pool size in tokens (default: just the rows' tokens); scattered slots spread over it")
     ap.add_argument("--pages", default="huge",
                     help="KV pool memory: huge (2 MB pages where the OS gives them, the engine's default), "
                          "small (4 KB), or both side by side")
@@ -136,10 +136,11 @@ def main() -> None:
                 for _ in range(args.steps):
                     dec.forward(batches[b], pool)
                 times[(m, b)].append((time.perf_counter() - t0) / args.steps * 1e3)
-    print(f"cpu: {cpu_model()}; threads {args.threads}; context {args.context}, {args.slots} slots, pool of {pool_slots} "
-          f"tokens; median of {args.reps} x {args.steps} steps")
+    print(f"cpu: {cpu_model()}; threads {args.threads}; context {args.context}, {args.slots} slots, "
+          f"pool of {pool_slots} tokens; median of {args.reps} x {args.steps} steps")
     for pg, pool in pools.items():
-        print(f"  pool '{pg}': {huge_pages.huge_bytes(pool.k_buffers[0]) >> 20} MB on huge pages")
+        print(f"  pool '{pg}': {huge_pages.huge_bytes(pool.k_buffers[0]) >> 20} MB on huge pages "
+              f"(THP mode {huge_pages.thp_mode()})")
     for name, (_, kernel, _) in decoders.items():
         print(f"  {name}: {kernel}")
     table = []
@@ -151,7 +152,8 @@ def main() -> None:
             row[f"{m} tok/s"] = b * 1e3 / ms
         if len(pages) == 2 and len(marches) == 2:  # 4 KB pages' time / huge pages' time
             small, huge = (next(m for m in marches if m.endswith(f"/{pg}")) for pg in ("small", "huge"))
-            row["huge-page speed-up"] = statistics.median(times[(small, b)]) / statistics.median(times[(huge, b)])
+            row["huge-page speed-up"] = (statistics.median(times[(small, b)])
+                                         / statistics.median(times[(huge, b)]))
         elif len(marches) == 2:
             row["speed-up"] = statistics.median(times[(marches[0], b)]) / statistics.median(times[(marches[1], b)])
         elif len(quants) == 2:  # per build: bf16 time / blocks time

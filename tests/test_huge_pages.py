@@ -12,18 +12,6 @@ import torch
 from sgl.runtime.memory import huge_pages
 from sgl.runtime.memory.kv_pool import KVPool
 
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def _thp_mode() -> str | None:
-    """The bracketed THP mode ('always', 'madvise', 'never'), or None off Linux."""
-    try:
-        text = THP.read_text()
-    except OSError:
-        return None
-    return text[text.index("[") + 1:text.index("]")]
-
-
 def _mapped(addr: int) -> bool:
     """Whether any mapping of this process holds `addr`."""
     for line in Path("/proc/self/maps").read_text().splitlines():
@@ -45,12 +33,13 @@ def test_zeros_is_a_zeroed_aligned_writable_tensor():
     assert small.shape == (4, 4) and not small.any()
 
 
-@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off on this host")
+@pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"),
+                    reason="transparent huge pages are off on this host")
 def test_a_pool_lands_on_huge_pages_where_thp_is_on():
     pool = KVPool(65536, 4, 3, 64, torch.bfloat16)  # 192 MB
     assert huge_pages.huge_bytes(pool.k_buffers[0]) >= huge_pages.HUGE_PAGE
     # the escape hatch the benchmark's A/B uses: ordinary 4 KB pages (THP 'madvise' leaves them so)
-    if _thp_mode() == "madvise":
+    if huge_pages.thp_mode() == "madvise":
         plain = KVPool(65536, 4, 3, 64, torch.bfloat16, huge_pages=False)
         assert huge_pages.huge_bytes(plain.k_buffers[0]) == 0
 

@@ -5,7 +5,8 @@
  *
  * Usage: decode_attn_bench ROWS CONTEXT SCATTERED THREADS POOL_SLOTS HUGE REPS
  *   SCATTERED 1: each row's slots are drawn at random from the whole pool (a pool after a
- *   while of serving), 0: in order. HUGE 1: the pool on 2 MB pages (MADV_HUGEPAGE).
+ *   while of serving), 2: random pages of 16 slots (the engine's default page size), 0: in
+ *   order. HUGE 1: the pool on 2 MB pages (MADV_HUGEPAGE).
  * Prints one line: median_ms min_ms kv_mb output_hash (FNV-1a of the output's bytes, so
  * two versions can be checked for the same bits).
  */
@@ -60,9 +61,14 @@ int main(int argc, char **argv) {
     /* slot 0 is the pool's scratch slot: rows use 1 .. slots - 1 */
     int64_t *order = malloc(sizeof(int64_t) * (slots - 1));
     for (int64_t i = 0; i < slots - 1; i++) order[i] = 1 + i;
-    for (int64_t i = slots - 2; scattered && i > 0; i--) {
-        int64_t j = (int64_t)(((rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17)) % (uint64_t)(i + 1)), t = order[i];
-        order[i] = order[j], order[j] = t;
+    /* shuffled in units of 1 slot (SCATTERED 1) or of 16-slot pages (2: the engine's default page size) */
+    const int64_t unit_n = scattered == 2 ? 16 : 1, units = (slots - 1) / unit_n;
+    for (int64_t i = units - 1; scattered && i > 0; i--) {
+        int64_t j = (int64_t)(((rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17)) % (uint64_t)(i + 1));
+        for (int64_t k = 0; k < unit_n; k++) {
+            int64_t t = order[i * unit_n + k];
+            order[i * unit_n + k] = order[j * unit_n + k], order[j * unit_n + k] = t;
+        }
     }
     /* the whole pool zeroed first, as the engine's is (so every page is backed by memory),
      * then the rows' slots filled */

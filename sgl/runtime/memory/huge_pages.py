@@ -4,10 +4,10 @@ pool (kv_pool.py) and the GGUF weight blocks the C decode step streams (gguf_blo
 The decode step reads each cached token's K and V rows through the slot table: after a
 while of serving, a request's slots are scattered over the pool, so with 4 KB pages
 nearly every row read is a TLB miss and a page walk (a 65,536-slot pool of SmolLM2-135M
-is 1.5 GB). On 2 MB pages the same reads took 1.13-1.57x less time (`decode_attn.c` alone,
-1-4 rows of 1,500-4,000 scattered tokens, AMD EPYC Zen 4: README, "Huge pages"). A
-one-row step, bound by streaming ~92 MB of Q4_1 weights, was ~5% faster with the weights
-on huge pages too.
+is 1.5 GB). On 2 MB pages the C step at 1,500 scattered tokens of context in such a pool
+was 1.04-1.22x faster (1-8 rows; AMD EPYC Zen 4; `bench_decode_step.py --pages
+small,huge`, README "Huge pages"); with slots in order it is the same. A one-row step,
+bound by streaming ~92 MB of Q4_1 weights, was ~5% faster with the weights on huge pages.
 
 The memory is an anonymous mapping advised MADV_HUGEPAGE before it is touched, so this
 works with the kernel's default THP mode (`madvise`) and needs no privileges or
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -63,6 +64,16 @@ def pack(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         view.copy_(t)
         out.append(view)
     return out
+
+
+def thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ('always', 'madvise', 'never'), or None where
+    it cannot be read (not Linux)."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else None
 
 
 def huge_bytes(t: torch.Tensor) -> int:
