@@ -31,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, print_table, write_json  # noqa: E402
 
+from sgl.runtime.memory import huge_pages  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = "sgl/runtime/kernels/cpu"
 SOURCES = ("decode_attn.c", "decode_attn.h", "simd.h", "team.c", "team.h")
@@ -79,6 +81,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median of each case is kept")
     ap.add_argument("--reps", type=int, default=7, help="timings per run (5 steps each); the run's median")
     args = ap.parse_args()
+    if not set(args.slots.split(",")) <= set(SLOTS):
+        sys.exit(f"--slots: some of {', '.join(SLOTS)}, got {args.slots!r}")
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         if args.ab == "source":
@@ -93,9 +97,9 @@ def main() -> None:
                  for r, c in [rc.split("x")] for s in args.slots.split(",") for th in args.threads.split(",")]
         ms: dict[tuple, list[list[float]]] = {case: [[], []] for case in cases}
         hashes: dict[tuple, list[set[str]]] = {case: [set(), set()] for case in cases}
-        for _ in range(args.rounds):
+        for rnd in range(args.rounds):
             for case in cases:
-                for v in (0, 1):
+                for v in ((0, 1) if rnd % 2 == 0 else (1, 0)):  # each variant first in half the rounds
                     m, h = run(bins[v], *case, args.pool_slots, huge[v], args.reps)
                     ms[case][v].append(m)
                     hashes[case][v].add(h)
@@ -108,7 +112,8 @@ def main() -> None:
             row["same bits"] = hashes[(rows, ctx, slots, threads)][0] == hashes[(rows, ctx, slots, threads)][1]
         table.append(row)
         out.append({**row, "runs": {names[0]: a, names[1]: b}})
-    print(f"cpu: {cpu_model()}; pool of {args.pool_slots} slots; median of {args.rounds} interleaved rounds")
+    print(f"cpu: {cpu_model()}; THP mode {huge_pages.thp_mode()}; pool of {args.pool_slots} slots; "
+          f"median of {args.rounds} interleaved rounds")
     print_table(f"decode attention, {names[0]} vs {names[1]} (ms per step, 30 layers)", table)
     write_json("bench_decode_attn.json", {"args": vars(args), "variants": list(names), "rows": out})
 

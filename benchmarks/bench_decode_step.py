@@ -85,8 +85,8 @@ def main() -> None:
     ap.add_argument("--pool-slots", type=int, default=0,
                     help="KV pool size in tokens (default: just the rows' tokens); scattered slots spread over it")
     ap.add_argument("--pages", default="huge",
-                    help="KV pool memory: huge (2 MB pages where the OS gives them, the engine's default), "
-                         "small (4 KB), or both side by side")
+                    help="KV pool and weight-block memory: huge (2 MB pages where the OS gives them, the "
+                         "engine's default), small (4 KB), or both side by side")
     args = ap.parse_args()
     quants = args.quantization.split(",")
     if not set(quants) <= {"none", "gguf"}:

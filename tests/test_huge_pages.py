@@ -4,6 +4,7 @@ before, on 2 MB pages where the kernel's THP mode allows it, released with the p
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,12 @@ import torch
 from sgl.runtime.memory import huge_pages
 from sgl.runtime.memory.kv_pool import KVPool
 
+MAPS = Path("/proc/self/maps")
+
+
 def _mapped(addr: int) -> bool:
     """Whether any mapping of this process holds `addr`."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
+    for line in MAPS.read_text().splitlines():
         lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
         if lo <= addr < hi:
             return True
@@ -38,8 +42,9 @@ def test_zeros_is_a_zeroed_aligned_writable_tensor():
 def test_a_pool_lands_on_huge_pages_where_thp_is_on():
     pool = KVPool(65536, 4, 3, 64, torch.bfloat16)  # 192 MB
     assert huge_pages.huge_bytes(pool.k_buffers[0]) >= huge_pages.HUGE_PAGE
-    # the escape hatch the benchmark's A/B uses: ordinary 4 KB pages (THP 'madvise' leaves them so)
-    if huge_pages.thp_mode() == "madvise":
+    # the escape hatch the benchmark's A/B uses: ordinary 4 KB pages (THP 'madvise' leaves them
+    # so, unless torch's own allocator is told to advise them too)
+    if huge_pages.thp_mode() == "madvise" and not os.environ.get("THP_MEM_ALLOC_ENABLE"):
         plain = KVPool(65536, 4, 3, 64, torch.bfloat16, huge_pages=False)
         assert huge_pages.huge_bytes(plain.k_buffers[0]) == 0
 
@@ -58,6 +63,30 @@ def test_pool_layers_are_separate_views_of_one_block():
     assert sum(int(b.count_nonzero()) for b in bufs) == 2 * int(k.count_nonzero())  # nothing else changed
 
 
+def test_views_copy_each_spec_into_one_block_without_overlap():
+    sources = [torch.randn(3, 5), torch.arange(7, dtype=torch.int64), torch.empty(0, 4),
+               torch.randint(0, 255, (100, 33), dtype=torch.uint8), torch.randn(6, 4).to(torch.bfloat16).t()]
+    views = huge_pages.views([(tuple(t.shape), t.dtype) for t in sources])
+    for v, t in zip(views, sources):
+        assert v.shape == t.shape and v.dtype == t.dtype and v.is_contiguous() and not v.any()
+        assert v.data_ptr() % 64 == 0
+        v.copy_(t)
+    assert all(torch.equal(v, t) for v, t in zip(views, sources))
+    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()) for v in views if v.numel())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+
+
+@pytest.mark.skipif(not MAPS.exists(), reason="no /proc/self/maps on this OS")
+def test_a_layer_outlives_its_pool_object():
+    k = KVPool(65536, 2, 3, 64, torch.bfloat16).k_buffers[1]
+    gc.collect()
+    assert _mapped(k.data_ptr())
+    k.fill_(1)
+    assert int(k.sum()) == k.numel()
+
+
+@pytest.mark.skipif(not MAPS.exists(), reason="no /proc/self/maps on this OS")
 def test_the_block_is_unmapped_with_the_pool():
     pool = KVPool(65536, 2, 3, 64, torch.bfloat16)
     addr = pool.k_buffers[0].data_ptr()

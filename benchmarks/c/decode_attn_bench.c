@@ -7,8 +7,8 @@
  *   SCATTERED 1: each row's slots are drawn at random from the whole pool (a pool after a
  *   while of serving), 2: random pages of 16 slots (the engine's default page size), 0: in
  *   order. HUGE 1: the pool on 2 MB pages (MADV_HUGEPAGE).
- * Prints one line: median_ms min_ms kv_mb output_hash (FNV-1a of the output's bytes, so
- * two versions can be checked for the same bits).
+ * Prints one line: median_ms min_ms kv_mb output_hash (FNV-1a of the last layer's output
+ * bytes, so two versions can be checked for the same bits).
  */
 #include "decode_attn.h"
 #include "team.h"
@@ -32,11 +32,12 @@ static int by_value(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* n bytes, 2 MB-aligned; advised onto huge pages when `huge` (before the first touch) */
+/* n bytes, 2 MB-aligned; advised onto huge pages when `huge`, else off them (THP mode
+ * `always` would give them anyway), before the first touch */
 static void *pool_alloc(size_t n, int huge) {
     const size_t align = (size_t)2 << 20, size = (n + align - 1) / align * align;
     void *p = aligned_alloc(align, size);
-    if (p && huge) madvise(p, size, MADV_HUGEPAGE);
+    if (p) madvise(p, size, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     return p;
 }
 

@@ -10,7 +10,7 @@ small,huge`, README "Huge pages"); with slots in order it is the same. A one-row
 bound by streaming ~92 MB of Q4_1 weights, was ~5% faster with the weights on huge pages.
 
 The memory is an anonymous mapping advised MADV_HUGEPAGE before it is touched, so this
-works with the kernel's default THP mode (`madvise`) and needs no privileges or
+works with THP mode `madvise` (many distributions' default) and needs no privileges or
 reserved pages. It is then zeroed (touched) at once, as torch.zeros would: a server's
 memory use and first steps look the same as before. Where there is no MADV_HUGEPAGE
 (not Linux) or the mapping fails, the tensor is an ordinary torch.zeros; where THP is
@@ -42,28 +42,25 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         region.madvise(_ADVICE)
     except (OSError, ValueError):
         return torch.zeros(shape, dtype=dtype)
-    base = torch.frombuffer(region, dtype=torch.uint8, count=1)  # keeps `region` alive with the tensor
-    offset = -base.data_ptr() % HUGE_PAGE
+    offset = -torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
+    # frombuffer holds a reference to `region`: the mapping lives as long as any view of `out`
     out = torch.frombuffer(region, dtype=dtype, count=count, offset=offset).view(shape)
     out.zero_()  # fault the pages in now (the mapping reads as zeros already)
     return out
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of `tensors` (CPU, any dtypes) as views into one block from `zeros`, each at a
-    64-byte boundary: weights that every decode step streams through, on huge pages."""
-    offsets, end = [], 0
-    for t in tensors:
+def views(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+    """Zeroed contiguous tensors of the given (shape, dtype)s, views into one block from
+    `zeros`, each at a 64-byte boundary: the caller copies weights that every decode step
+    streams into them, one at a time, so each source can be freed as soon as it is copied."""
+    sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs]
+    offsets: list[int] = []
+    end = 0
+    for n in sizes:
         offsets.append(end)
-        end += (t.numel() * t.element_size() + 63) // 64 * 64
+        end += (n + 63) // 64 * 64
     block = zeros((max(end, 1),), torch.uint8)
-    out = []
-    for t, off in zip(tensors, offsets):
-        nbytes = t.numel() * t.element_size()
-        view = block[off:off + nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        out.append(view)
-    return out
+    return [block[off:off + n].view(dtype).view(shape) for (shape, dtype), off, n in zip(specs, offsets, sizes)]
 
 
 def thp_mode() -> str | None:

@@ -209,9 +209,11 @@ def _cached_blocks(hf_dir: Path, gguf: Path) -> GGUFBlocks:
 
 def _on_huge_pages(blocks: GGUFBlocks) -> GGUFBlocks:
     """`blocks` with every matrix moved into one block of huge pages (memory/huge_pages.py):
-    each decode step streams all of them."""
+    each decode step streams all of them. One matrix at a time, so the load's peak is the
+    block plus one matrix, not two copies of the weights."""
     weights = [w for layer in blocks.layers for w in layer.values()]
     weights += [w for w in (blocks.embed, blocks.head) if w is not None]
-    for w, data in zip(weights, huge_pages.pack([w.data for w in weights])):
-        w.data = data
+    for w, view in zip(weights, huge_pages.views([(tuple(w.data.shape), w.data.dtype) for w in weights])):
+        view.copy_(w.data)
+        w.data = view
     return blocks
