@@ -20,7 +20,6 @@ Writes benchmarks/results/bench_decode_attn.json.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, print_table, write_json  # noqa: E402
 
 from sgl.runtime.memory import huge_pages  # noqa: E402
+from sgl.runtime.native.build import compiler  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = "sgl/runtime/kernels/cpu"
@@ -54,7 +54,10 @@ def kernel_dir(rev: str | None, into: Path) -> Path:
 
 
 def build(src: Path, out: Path) -> Path:
-    cc = os.environ.get("CC", "cc")
+    """The harness against the kernel sources in `src`, with the engine's compiler and -O3."""
+    cc = compiler()
+    if cc is None:
+        sys.exit("no C compiler (cc or gcc on PATH, or the cc setting)")
     subprocess.run([cc, "-O3", "-march=native", "-pthread", f"-I{src}", "-o", str(out), str(HARNESS),
                     str(src / "decode_attn.c"), str(src / "team.c"), "-lm"], check=True)
     return out

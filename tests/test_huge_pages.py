@@ -83,7 +83,7 @@ def test_a_layer_outlives_its_pool_object():
     gc.collect()
     assert _mapped(k.data_ptr())
     k.fill_(1)
-    assert int(k.sum()) == k.numel()
+    assert bool((k == 1).all())
 
 
 @pytest.mark.skipif(not MAPS.exists(), reason="no /proc/self/maps on this OS")

@@ -33,7 +33,7 @@ _ADVICE = getattr(mmap, "MADV_HUGEPAGE", None)
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed, contiguous CPU tensor of `shape`, on huge pages where the OS gives them."""
     count = math.prod(shape)
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    nbytes = count * dtype.itemsize
     if _ADVICE is None or nbytes < HUGE_PAGE:
         return torch.zeros(shape, dtype=dtype)
     try:
@@ -53,7 +53,7 @@ def views(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Te
     """Zeroed contiguous tensors of the given (shape, dtype)s, views into one block from
     `zeros`, each at a 64-byte boundary: the caller copies weights that every decode step
     streams into them, one at a time, so each source can be freed as soon as it is copied."""
-    sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs]
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in specs]
     offsets: list[int] = []
     end = 0
     for n in sizes:

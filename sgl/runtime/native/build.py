@@ -49,14 +49,15 @@ def _compile(cc: str, out: Path, march: str, srcs: list[str]) -> None:
             os.unlink(tmp)
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler every build uses (the `cc` setting, else cc or gcc on PATH), or None."""
     return settings().cc or shutil.which("cc") or shutil.which("gcc")
 
 
 def library_key(sources: Sequence[Path], march: str = "native") -> str | None:
     """The build's identity: a hash of the sources, the compiler, `march` and the CPU's
     flags; None without a compiler."""
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         return None
     blob = b"".join(p.read_bytes() for p in sorted(sources))
@@ -64,7 +65,7 @@ def library_key(sources: Sequence[Path], march: str = "native") -> str | None:
 
 
 def build_library(name: str, sources: Sequence[Path], march: str = "native") -> ctypes.CDLL | None:
-    cc, key = _compiler(), library_key(sources, march)
+    cc, key = compiler(), library_key(sources, march)
     if cc is None or key is None:
         log.warning("no C compiler found: %s is off (Python/torch path instead)", name)
         return None
