@@ -69,6 +69,18 @@ def workload(args: argparse.Namespace) -> list[list[int]]:
     return reqs
 
 
+def scratch_dir() -> tempfile.TemporaryDirectory[str]:
+    """An empty folder for this run's stores, removed after it, in the cache folder: where a
+    file store lives by default (`storage.file.default_path`). Not /tmp: on this project's
+    hosts creating a file under /tmp measured 0.26-0.88 ms of CPU against 15-19 us in the
+    cache folder on the same disk, and the file tier creates one file per page."""
+    from sgl.runtime.config import cache_dir
+
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="bench-hicache-", dir=root)
+
+
 def server_args(name: str, args: argparse.Namespace, tmp: str, redis_url: str | None) -> list[str]:
     base = ["--max-total-tokens", str(args.max_total_tokens), "--page-size", str(PAGE), "--dtype", args.dtype,
             "--no-access-log",
@@ -271,7 +283,7 @@ def main() -> int:
     results: dict[str, Any] = {}  # the last round's result per config
     rounds: dict[str, list[dict[str, Any]]] = {}
     costs: dict[str, float] = {}
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="sgl-bench-hicache-") as tmp:
+    with ExitStack() as stack, scratch_dir() as tmp:
         redis = start_redis() if "redis" in configs else None
         if redis is not None:
             stack.callback(redis.stop)
