@@ -82,14 +82,15 @@ def drive(eng: InProcessEngine, reqs: list[list[int]], concurrency: int, max_tok
 
 
 def replay(name: str, args: argparse.Namespace, reqs: list[list[int]], tmp: str, redis: Any) -> dict[str, Any]:
+    older = set(threading.enumerate())
     eng = InProcessEngine(**engine_kwargs(name, args, tmp, redis.url if redis is not None else None))
+    hc = eng.scheduler.kv.hicache
     try:
         eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})  # warm-up, not timed
         timer = StepTimer(eng)
-        hc = eng.scheduler.kv.hicache
         threads = {"scheduler": eng._thread.native_id}
         named = {"sgl-hicache-reader": "reader", "sgl-hicache-writer": "writer"}  # storage_tier.py's threads
-        threads.update({named[t.name]: t.native_id for t in threading.enumerate() if t.name in named})
+        threads.update({named[t.name]: t.native_id for t in set(threading.enumerate()) - older if t.name in named})
         before = {k: cpu_seconds(f"/proc/self/task/{tid}/stat") for k, tid in threads.items()}
         redis_before = cpu_seconds(f"/proc/{redis.proc.pid}/stat") if name == "redis" else 0.0
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -100,6 +101,8 @@ def replay(name: str, args: argparse.Namespace, reqs: list[list[int]], tmp: str,
         stats = dict(hc.stats) if hc is not None else {}
     finally:
         eng.shutdown()
+        if hc is not None and hc.storage is not None:
+            hc.storage.close()  # its threads and its store's files or socket, before the next configuration
     steps = timer.steps
     prefill = [s for s in steps if s[3].startswith("prefill")]
     decode = [s for s in steps if s[3].startswith("decode")]
