@@ -55,3 +55,4 @@ class InProcessEngine:
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        self.scheduler.close()  # as the worker does after its loop: the storage tier's threads and store

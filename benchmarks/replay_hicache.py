@@ -100,9 +100,7 @@ def replay(name: str, args: argparse.Namespace, reqs: list[list[int]], tmp: str,
         cpu = {k: cpu_seconds(f"/proc/self/task/{tid}/stat") - before[k] for k, tid in threads.items()}
         stats = dict(hc.stats) if hc is not None else {}
     finally:
-        eng.shutdown()
-        if hc is not None and hc.storage is not None:
-            hc.storage.close()  # its threads and its store's files or socket, before the next configuration
+        eng.shutdown()  # closes its storage tier before the next configuration
     steps = timer.steps
     prefill = [s for s in steps if s[3].startswith("prefill")]
     decode = [s for s in steps if s[3].startswith("decode")]
